@@ -1,0 +1,240 @@
+"""AGRO: one regularised policy-gradient objective for on- and off-policy data.
+
+Per valid sample (s_t, a_t) from *any* behaviour policy mu::
+
+    loss_t = -(R_t - b_t) * log pi(a_t | s_t)  +  beta / 2 * (log pi(a_t | s_t) - log pi_ref(a_t | s_t))^2
+
+averaged over the valid samples of the batch (times ``sample_weight``), plus
+``vf_coef * 0.5 * (V(s_t) - R_t)^2`` when the baseline is the learned value.
+
+Why no importance ratio: think of one start state and treat ``log pi(a)`` as
+free. The stationarity condition of the loss, sample by sample, is
+``(R(a) - b) = beta * (log pi(a) - log pi_ref(a))``, i.e.
+``pi(a) = pi_ref(a) * exp((R(a) - b) / beta)``; with ``b`` the value that
+normalises it this is the KL-regularised optimum ``pi_ref * exp(R / beta) / Z``.
+The sampling distribution mu only weights *where* the condition is enforced,
+not *what* the solution is, so stale data (any staleness, any mu with the same
+support) points at the same optimum and no ratio ``pi / mu`` is needed. With a
+parametric policy the condition can't hold everywhere and mu does tilt the
+fit, but there is no variance blow-up from ratios.
+
+Choices here:
+
+* ``R_t``: the discounted reward-to-go of the sample's episode, bootstrapped
+  with V where an episode is cut; ``b_t`` per ``baseline``:
+  ``"value"`` (default) -- GAE(gamma, gae_lambda) advantages with the learned
+  value; ``gae_lambda = 1`` is exactly ``R_t - V(s_t)``;
+  ``"mean"`` -- the batch mean of the (unbootstrapped) reward-to-go;
+  ``"group"`` -- LLM-style: each column is one rollout, ``R`` its return, ``b``
+  the mean return of its group (``group_id``), broadcast over its steps.
+* ``norm_adv`` rescales ``R - b`` to unit std over the batch so ``beta`` is
+  in units of standard deviations of the advantage.
+* ``pi_ref`` is a frozen copy of the policy, refreshed every
+  ``ref_update_interval`` updates (1 = the policy as it was at the start of this
+  update, which turns the regulariser into a proximal term and each update into
+  one mirror-descent step ``pi <- pi_ref * exp(A / beta)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+import torch
+from torch import Tensor
+
+from agents.base import BaseAlgorithm, accumulate, PolicyConfig, episode_mask, explained_variance, masked_mean, minibatch_indices
+from agents.core import TrajectoryBatch
+from agents.grpo import group_stats, rollout_returns
+from agents.normalization import RewardScaler
+from agents.ppo.learning import bootstrap_values
+from agents.ppo.losses import compute_gae
+
+__all__ = ["AGROConfig", "AGRO", "agro_loss"]
+
+_BASELINES = ("value", "mean", "group")
+
+
+@dataclass(frozen=True)
+class AGROConfig(PolicyConfig):
+    """AGRO objective settings. Network/optimiser fields from ``PolicyConfig``."""
+
+    beta: float = 1.0
+    """Coefficient of the squared log-ratio regulariser to the reference policy."""
+    baseline: str = "value"
+    """value | mean | group (see module doc)."""
+    gamma: float = 0.99
+    """Discount of the reward-to-go."""
+    gae_lambda: float = 1.0
+    """GAE lambda for the value baseline (1.0: plain R - V)."""
+    norm_adv: bool = True
+    """Centre and scale R - b to unit std over the batch's valid samples."""
+    update_epochs: int = 4
+    """Passes over each batch."""
+    num_minibatches: int = 8
+    """Minibatches per pass (over valid samples)."""
+    vf_coef: float = 0.5
+    """Value-loss coefficient (baseline="value" only)."""
+    ent_coef: float = 0.0
+    """Entropy bonus coefficient."""
+    ref_update_interval: int = 1
+    """Refresh the reference policy every this many updates; 0 = never (keep the initial policy)."""
+    normalize_reward: bool = True
+    """Scale rewards by the running discounted-return std, as PPO (not used for baseline="group")."""
+    reward_clip: float = 10.0
+    """Clip of scaled rewards."""
+    bootstrap_on_truncation: bool = True
+    """Bootstrap truncated episodes from V(final obs) (baseline="value")."""
+    use_sample_weight: bool = True
+    """Multiply per-sample losses by ``batch.sample_weight`` when present."""
+
+
+def agro_loss(
+    logp: Tensor,
+    ref_logp: Tensor,
+    advantages: Tensor,
+    beta: float,
+    weight: Optional[Tensor] = None,
+    mask: Optional[Tensor] = None,
+) -> dict[str, Tensor]:
+    """``loss_policy = mean(-A * logp)``, ``loss_reg = mean(beta / 2 * (logp - ref_logp)^2)`` (weighted, masked)."""
+    log_ratio_ref = logp - ref_logp
+    return {
+        "loss_policy": masked_mean(-advantages.detach() * logp, mask, weight),
+        "loss_reg": masked_mean(0.5 * beta * log_ratio_ref.pow(2), mask, weight),
+        "log_ratio_ref_abs": masked_mean(log_ratio_ref.detach().abs(), mask),
+    }
+
+
+class AGRO(BaseAlgorithm):
+    """Off-policy-tolerant regularised policy gradient (see module doc)."""
+
+    name = "agro"
+    is_on_policy = False
+    default_staleness_k = 16
+
+    def __init__(self, config: Optional[AGROConfig], obs_dim: int, act_dim: int, device: str | torch.device = "cpu"):
+        config = config or AGROConfig()
+        if config.baseline not in _BASELINES:
+            raise ValueError(f"baseline must be one of {_BASELINES}, got {config.baseline!r}")
+        super().__init__(config, obs_dim, act_dim, device)
+        self.config: AGROConfig = config
+        self.reward_scaler = RewardScaler(gamma=config.gamma, clip=config.reward_clip)
+        self._init_reference()
+
+    # ---- hooks (TBA overrides) -----------------------------------------------------------
+    def _sample_weights(self, batch: TrajectoryBatch) -> Optional[Tensor]:
+        """Per-sample ``[T, N]`` loss weights, or None for all ones."""
+        if self.config.use_sample_weight and batch.sample_weight is not None:
+            return batch.sample_weight
+        return None
+
+    def _step_learning_rate(self, weights: Optional[Tensor], mask: Optional[Tensor]) -> float:
+        return self.config.learning_rate
+
+    # ---- advantages ----------------------------------------------------------------------
+    @torch.no_grad()
+    def _advantages(self, batch: TrajectoryBatch, mask: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor], Optional[Tensor], dict[str, float]]:
+        """``(advantages [T, N], value_targets or None, old_values or None, metrics)``."""
+        cfg = self.config
+        metrics: dict[str, float] = {}
+        if cfg.baseline == "group":
+            assert mask is not None
+            R = rollout_returns(batch.rewards, mask, cfg.gamma)
+            mean, _, _, _ = group_stats(R, batch.group_id)
+            adv = (R - mean).unsqueeze(0).expand_as(batch.rewards).clone()
+            metrics["return_mean"] = float(R.mean())
+            return adv, None, None, metrics
+        rewards = (
+            self.reward_scaler(batch.rewards, batch.terminated, batch.stream_ids) if cfg.normalize_reward else batch.rewards
+        )
+        if cfg.baseline == "value":
+            values, last_value, final_values = bootstrap_values(self.policy, batch, cfg.bootstrap_on_truncation)
+            adv, ret = compute_gae(
+                rewards, values, batch.terminated, batch.truncated, last_value, final_values, cfg.gamma, cfg.gae_lambda
+            )
+            metrics["explained_variance"] = explained_variance(values.reshape(-1), ret.reshape(-1))
+            metrics["return_mean"] = float(ret.mean())
+            return adv, ret, values, metrics
+        zeros = torch.zeros_like(rewards)
+        rtg, _ = compute_gae(rewards, zeros, batch.terminated, batch.truncated, zeros[0], None, cfg.gamma, 1.0)
+        metrics["return_mean"] = float(masked_mean(rtg, mask))
+        return rtg - masked_mean(rtg, mask), None, None, metrics
+
+    def update(self, batch: TrajectoryBatch) -> dict[str, float]:
+        cfg = self.config
+        batch = batch.to(self.device)
+        if cfg.ref_update_interval > 0 and self.step % cfg.ref_update_interval == 0:
+            self.sync_reference()
+        mask = batch.mask
+        if mask is None and cfg.baseline == "group":
+            mask = episode_mask(batch.terminated, batch.truncated)
+        adv, ret, old_values, metrics = self._advantages(batch, mask)
+        metrics["adv_std_raw"] = float(torch.sqrt(masked_mean((adv - masked_mean(adv, mask)).pow(2), mask)))
+        if cfg.norm_adv:
+            centred = adv - masked_mean(adv, mask)
+            std = torch.sqrt(masked_mean(centred.pow(2), mask))
+            adv = centred / (std + 1e-8)
+        weights = self._sample_weights(batch)
+        self.set_learning_rate(self._step_learning_rate(weights, mask))
+
+        valid = mask.reshape(-1) if mask is not None else None
+
+        def flat(x: Optional[Tensor]) -> Optional[Tensor]:
+            if x is None:
+                return None
+            x = x.reshape(-1, *x.shape[2:])
+            return x[valid] if valid is not None else x
+
+        b_obs, b_act, b_adv = flat(batch.obs), flat(batch.actions), flat(adv)
+        b_ret, b_w, b_blogp = flat(ret), flat(weights), flat(batch.behaviour_logp)
+        n = b_obs.shape[0]
+
+        sums: dict[str, float] = {}
+        count = 0
+        for _ in range(cfg.update_epochs):
+            for mb in minibatch_indices(n, cfg.num_minibatches, self.generator, self.device):
+                logp, entropy, value = self.policy.evaluate(b_obs[mb], b_act[mb])
+                with torch.no_grad():
+                    ref_logp = self.ref_policy.log_prob(b_obs[mb], b_act[mb])
+                w = b_w[mb] if b_w is not None else None
+                terms = agro_loss(logp, ref_logp, b_adv[mb], cfg.beta, weight=w)
+                loss = terms["loss_policy"] + terms["loss_reg"]
+                ent = entropy.mean()
+                if cfg.ent_coef:
+                    loss = loss - cfg.ent_coef * ent
+                stats: dict[str, Any] = dict(terms)
+                if b_ret is not None:
+                    loss_value = 0.5 * masked_mean((value - b_ret[mb]).pow(2), None, w)
+                    loss = loss + cfg.vf_coef * loss_value
+                    stats["loss_value"] = loss_value
+                stats["loss_entropy"] = -ent
+                stats["entropy"] = ent
+                stats["loss_total"] = loss
+                with torch.no_grad():
+                    lr_b = logp - b_blogp[mb]
+                    stats["approx_kl_behaviour"] = ((lr_b.exp() - 1.0) - lr_b).mean()
+                stats["grad_norm"] = self._apply_gradients(loss)
+                accumulate(sums, stats)
+                count += 1
+
+        if cfg.normalize_obs:
+            self.policy.obs_rms.update(b_obs)
+        self.step += 1
+        out = {k: v / max(count, 1) for k, v in sums.items()}
+        out.update(metrics)
+        out.update(
+            {
+                "weight_mean": float(masked_mean(weights, mask)) if weights is not None else 1.0,
+                "learning_rate": self.learning_rate,
+                "num_samples": float(n),
+                "step": float(self.step),
+            }
+        )
+        return out
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"reward_scaler": self.reward_scaler.state_dict()}
+
+    def _load_extra_state(self, state: Mapping[str, Any]) -> None:
+        self.reward_scaler.load_state_dict(state["reward_scaler"])

@@ -1,0 +1,214 @@
+"""Plumbing shared by the algorithms: policy config, optimiser step, masking helpers.
+
+Nothing here knows about a particular objective; each algorithm module owns its
+loss and its ``update``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from agents.networks import Policy
+
+__all__ = [
+    "PolicyConfig",
+    "BaseAlgorithm",
+    "build_policy",
+    "episode_mask",
+    "masked_mean",
+    "explained_variance",
+    "frozen_copy",
+    "minibatch_indices",
+    "accumulate",
+]
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Network and optimiser settings common to every algorithm."""
+
+    hidden: tuple[int, ...] = (64, 64)
+    """Hidden layer widths of the actor and critic MLPs."""
+    activation: str = "tanh"
+    """Hidden activation: tanh | relu | elu | gelu | silu."""
+    init_log_std: float = 0.0
+    """Initial state-independent log std of the Gaussian policy."""
+    normalize_obs: bool = True
+    """Normalise observations with running mean/std (stats live in the policy state_dict)."""
+    obs_clip: float = 10.0
+    """Clip of normalised observations."""
+    learning_rate: float = 3e-4
+    """Adam learning rate."""
+    adam_eps: float = 1e-5
+    """Adam epsilon (CleanRL uses 1e-5, not torch's 1e-8)."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip; <= 0 disables it."""
+    seed: int = 0
+    """Seed of the learner-side generator (minibatch shuffling)."""
+
+
+def build_policy(config: PolicyConfig, obs_dim: int, act_dim: int) -> Policy:
+    """The ``Policy`` an algorithm with ``config`` trains (and its actors must construct)."""
+    return Policy(
+        obs_dim,
+        act_dim,
+        hidden=tuple(config.hidden),
+        activation=config.activation,
+        init_log_std=config.init_log_std,
+        normalize_obs=config.normalize_obs,
+        obs_clip=config.obs_clip,
+    )
+
+
+def frozen_copy(module: nn.Module) -> nn.Module:
+    """Deep copy with ``requires_grad=False`` everywhere, in eval mode."""
+    ref = copy.deepcopy(module)
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref.eval()
+
+
+def episode_mask(terminated: Tensor, truncated: Tensor) -> Tensor:
+    """``[T, N]`` bool: steps up to and including each column's first episode end.
+
+    Used by the algorithms that treat a column as one rollout (GRPO/DAPO/TB).
+    """
+    done = (terminated | truncated).to(torch.int64)
+    ended_before = torch.cumsum(done, dim=0) - done
+    return ended_before == 0
+
+
+def masked_mean(x: Tensor, mask: Optional[Tensor] = None, weight: Optional[Tensor] = None) -> Tensor:
+    """``sum(x * weight * mask) / count(mask)``; plain ``mean`` when both are None.
+
+    The weights are *not* renormalised, so down-weighted samples really count less.
+    """
+    if weight is not None:
+        x = x * weight
+    if mask is None:
+        return x.mean()
+    m = mask.to(x.dtype)
+    return (x * m).sum() / m.sum().clamp_min(1.0)
+
+
+def explained_variance(y_pred: Tensor, y_true: Tensor) -> float:
+    """``1 - Var[y - y_pred] / Var[y]`` (nan if ``Var[y] == 0``), population variances."""
+    var_y = torch.var(y_true, unbiased=False)
+    if float(var_y) == 0.0:
+        return float("nan")
+    return float(1.0 - torch.var(y_true - y_pred, unbiased=False) / var_y)
+
+
+def accumulate(sums: dict[str, float], stats: Mapping[str, Any]) -> None:
+    """Add float values of ``stats`` (tensors detached) into ``sums``."""
+    for k, v in stats.items():
+        sums[k] = sums.get(k, 0.0) + float(v.detach() if isinstance(v, Tensor) else v)
+
+
+def minibatch_indices(n: int, num_minibatches: int, generator: torch.Generator, device: torch.device) -> Iterator[Tensor]:
+    """Shuffle ``range(n)`` and split into chunks of ``max(1, n // num_minibatches)`` (CleanRL's split)."""
+    size = max(1, n // max(1, num_minibatches))
+    perm = torch.randperm(n, generator=generator).to(device)
+    for start in range(0, n, size):
+        yield perm[start : start + size]
+
+
+class BaseAlgorithm:
+    """Holds the policy, optimiser, step counter and RNG; implements state_dict plumbing.
+
+    Subclasses set ``name``, ``is_on_policy``, ``default_staleness_k``, implement
+    ``update`` and may add learner-side state by overriding
+    ``_extra_state`` / ``_load_extra_state``.
+    """
+
+    name: str = "base"
+    is_on_policy: bool = True
+    default_staleness_k: int = 2
+
+    def __init__(self, config: PolicyConfig, obs_dim: int, act_dim: int, device: str | torch.device = "cpu"):
+        self.config = config
+        self.obs_dim = int(obs_dim)
+        self.act_dim = int(act_dim)
+        self.device = torch.device(device)
+        with torch.random.fork_rng(devices=[]):  # deterministic init without touching the global RNG
+            torch.manual_seed(config.seed)
+            self.policy: Policy = build_policy(config, obs_dim, act_dim).to(self.device)
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.step = 0
+        self.optimizer = self._make_optimizer(list(self.policy.parameters()))
+
+    def _make_optimizer(self, params: Sequence[nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.Adam(params, lr=self.config.learning_rate, eps=self.config.adam_eps)
+
+    def set_learning_rate(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    @property
+    def learning_rate(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def _apply_gradients(self, loss: Tensor) -> float:
+        """Backward, clip the global grad norm, step. Returns the pre-clip grad norm."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if self.config.max_grad_norm and self.config.max_grad_norm > 0:
+            norm = nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([p.grad.detach().norm() for p in params])) if params else torch.zeros(())
+        self.optimizer.step()
+        return float(norm)
+
+    # ---- reference policy (GRPO KL, AGRO/TBA regulariser, DPO) -------------------------------
+    ref_policy: Optional[Policy] = None
+
+    def _init_reference(self) -> None:
+        """Create the frozen reference copy of the current policy."""
+        self.ref_policy = frozen_copy(self.policy)
+
+    def sync_reference(self) -> None:
+        """Overwrite the reference with the current policy (weights and normaliser)."""
+        if self.ref_policy is None:
+            self._init_reference()
+        else:
+            self.ref_policy.load_state_dict(self.policy.state_dict())
+
+    def update(self, batch: Any) -> dict[str, float]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # ---- state -------------------------------------------------------------------------------
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def _load_extra_state(self, state: Mapping[str, Any]) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "algo": self.name,
+            "config": dataclasses.asdict(self.config),
+            "step": self.step,
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+            **({"ref_policy": self.ref_policy.state_dict()} if self.ref_policy is not None else {}),
+            **self._extra_state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("algo", self.name) != self.name:
+            raise ValueError(f"state is for {state.get('algo')!r}, this is {self.name!r}")
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        self.step = int(state["step"])
+        if self.ref_policy is not None and "ref_policy" in state:
+            self.ref_policy.load_state_dict(state["ref_policy"])
+        self._load_extra_state(state)

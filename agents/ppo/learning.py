@@ -1,0 +1,167 @@
+"""PPO learner step (pure torch; the learner shell feeds it ``TrajectoryBatch``es)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+import torch
+from torch import Tensor
+
+from agents.base import BaseAlgorithm, accumulate, explained_variance, minibatch_indices
+from agents.core import TrajectoryBatch
+from agents.normalization import RewardScaler
+from agents.ppo.config import PPOConfig
+from agents.ppo.losses import compute_gae, policy_loss, value_loss
+
+__all__ = ["PPO", "bootstrap_values"]
+
+
+@torch.no_grad()
+def bootstrap_values(policy, batch: TrajectoryBatch, bootstrap_on_truncation: bool) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    """``(values [T, N], last_value [N], final_values [T, N] or None)`` with the current policy.
+
+    Behaviour-time ``batch.values`` are used when present. ``last_obs`` may be
+    omitted only if every column ended at the last step; ``next_obs_final`` is
+    required when some step is truncated and bootstrapping is on.
+    """
+    values = batch.values if batch.values is not None else policy.value(batch.obs)
+    done_last = batch.terminated[-1] | batch.truncated[-1]
+    if batch.last_obs is not None:
+        last_value = policy.value(batch.last_obs)
+    elif bool(done_last.all()):
+        last_value = torch.zeros_like(values[0])
+    else:
+        raise ValueError("TrajectoryBatch.last_obs is required to bootstrap unfinished columns")
+    final_values = None
+    if bootstrap_on_truncation and bool(batch.truncated.any()):
+        if batch.next_obs_final is None:
+            raise ValueError("TrajectoryBatch.next_obs_final is required when steps are truncated (bootstrap_on_truncation)")
+        trunc = batch.truncated
+        final_values = torch.zeros_like(values)
+        final_values[trunc] = policy.value(batch.next_obs_final[trunc])
+    return values, last_value, final_values
+
+
+class PPO(BaseAlgorithm):
+    """Proximal Policy Optimisation, CleanRL-faithful.
+
+    Per ``update(batch)``:
+
+    1. anneal the learning rate (``frac = 1 - step / total_updates``);
+    2. values / bootstrap values with the current policy (under the normaliser
+       statistics the actor used, so ratios start at exactly 1 on fresh data);
+    3. scale rewards by the running discounted-return std (learner-side state)
+       and clip; GAE with truncation bootstrapping;
+    4. ``update_epochs`` x ``num_minibatches`` Adam steps on the clipped
+       surrogate + clipped value loss - entropy bonus, grad-norm clip;
+    5. fold the batch observations into ``policy.obs_rms`` (so the *next*
+       published version normalises with them).
+    """
+
+    name = "ppo"
+    is_on_policy = True
+    default_staleness_k = 2
+
+    def __init__(self, config: Optional[PPOConfig], obs_dim: int, act_dim: int, device: str | torch.device = "cpu"):
+        config = config or PPOConfig()
+        super().__init__(config, obs_dim, act_dim, device)
+        self.config: PPOConfig = config
+        self.reward_scaler = RewardScaler(gamma=config.gamma, clip=config.reward_clip)
+
+    def current_lr(self) -> float:
+        cfg = self.config
+        if cfg.anneal_lr and cfg.total_updates:
+            frac = max(0.0, 1.0 - self.step / cfg.total_updates)
+            return frac * cfg.learning_rate
+        return cfg.learning_rate
+
+    def update(self, batch: TrajectoryBatch) -> dict[str, float]:
+        cfg = self.config
+        batch = batch.to(self.device)
+        self.set_learning_rate(self.current_lr())
+
+        values, last_value, final_values = bootstrap_values(self.policy, batch, cfg.bootstrap_on_truncation)
+        if cfg.normalize_reward:
+            rewards = self.reward_scaler(batch.rewards, batch.terminated, batch.stream_ids)
+        else:
+            rewards = batch.rewards
+        advantages, returns = compute_gae(
+            rewards, values, batch.terminated, batch.truncated, last_value, final_values, cfg.gamma, cfg.gae_lambda
+        )
+
+        valid = batch.mask.reshape(-1) if batch.mask is not None else None
+
+        def flat(x: Tensor) -> Tensor:
+            x = x.reshape(-1, *x.shape[2:])
+            return x[valid] if valid is not None else x
+
+        b_obs, b_act = flat(batch.obs), flat(batch.actions)
+        b_logp, b_adv, b_ret, b_val = flat(batch.behaviour_logp), flat(advantages), flat(returns), flat(values)
+        b_w = flat(batch.sample_weight) if (cfg.use_sample_weight and batch.sample_weight is not None) else None
+        n = b_obs.shape[0]
+
+        sums: dict[str, float] = {}
+        count = 0
+        epochs_run = 0
+        for _ in range(cfg.update_epochs):
+            epoch_kl, epoch_count = 0.0, 0
+            for mb in minibatch_indices(n, cfg.num_minibatches, self.generator, self.device):
+                newlogp, entropy, newvalue = self.policy.evaluate(b_obs[mb], b_act[mb])
+                mb_adv = b_adv[mb]
+                if cfg.norm_adv and mb_adv.numel() > 1:
+                    mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
+                w = b_w[mb] if b_w is not None else None
+                pl = policy_loss(newlogp, b_logp[mb], mb_adv, cfg.clip_coef, weight=w)
+                v_loss = value_loss(newvalue, b_val[mb], b_ret[mb], cfg.clip_coef if cfg.clip_vloss else None, weight=w)
+                ent = entropy.mean()
+                loss = pl["loss_policy"] - cfg.ent_coef * ent + cfg.vf_coef * v_loss
+                grad_norm = self._apply_gradients(loss)
+
+                stats = {
+                    "loss_policy": pl["loss_policy"],
+                    "loss_value": v_loss,
+                    "loss_entropy": -ent,
+                    "loss_total": loss,
+                    "entropy": ent,
+                    "approx_kl": pl["approx_kl"],
+                    "old_approx_kl": pl["old_approx_kl"],
+                    "clipfrac": pl["clipfrac"],
+                    "ratio_mean": pl["ratio_mean"],
+                    "grad_norm": grad_norm,
+                }
+                accumulate(sums, stats)
+                count += 1
+                epoch_kl += float(pl["approx_kl"])
+                epoch_count += 1
+            epochs_run += 1
+            if cfg.target_kl is not None and epoch_count and epoch_kl / epoch_count > cfg.target_kl:
+                break
+
+        if cfg.normalize_obs:
+            self.policy.obs_rms.update(b_obs)
+        self.step += 1
+
+        metrics = {k: v / max(count, 1) for k, v in sums.items()}
+        metrics.update(
+            {
+                "explained_variance": explained_variance(b_val, b_ret),
+                "learning_rate": self.learning_rate,
+                "adv_mean": float(b_adv.mean()),
+                "adv_std": float(b_adv.std()) if n > 1 else 0.0,
+                "value_mean": float(b_val.mean()),
+                "return_mean": float(b_ret.mean()),
+                "reward_raw_mean": float(batch.rewards.mean()),
+                "reward_scaled_mean": float(rewards.mean()),
+                "reward_scale_std": float(self.reward_scaler.rms.std()),
+                "num_samples": float(n),
+                "epochs_run": float(epochs_run),
+                "step": float(self.step),
+            }
+        )
+        return metrics
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"reward_scaler": self.reward_scaler.state_dict()}
+
+    def _load_extra_state(self, state: Mapping[str, Any]) -> None:
+        self.reward_scaler.load_state_dict(state["reward_scaler"])

@@ -1,0 +1,239 @@
+"""The learner shell: consumes PreparedBatch events, runs the algorithm, publishes GradientStep
+and PolicyVersion events, snapshots, resumes and rolls back.
+
+    learner = Learner(config, algo, events, snapshots=store)
+    learner.start()                 # resume from the newest snapshot, or publish version 0
+    while not stop.is_set():
+        learner.step(timeout=0.1)   # poll; once train_batch_size transitions are in, one update
+
+Versions are immutable and monotonic: a resumed or rolled-back learner publishes a NEW version
+(number = newest published + 1) whose parent is the snapshot it restored.
+
+Exactly-once training across restarts: every snapshot stores the input offsets its state has
+consumed and the ids of the batches it trained on; a resumed learner seeks to those offsets,
+so batches after the snapshot are re-delivered and trained once, and a batch_id seen twice
+(an actor's retry) is skipped and counted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.core import Algorithm
+from learner.batching import StreamIds, to_trajectory_batch
+from rlstream.policies import BlobStore, make_policy_version
+from schemas.events import GradientStep, PolicyVersion, PreparedBatch, now_ms
+from streams.bus.base import Record
+from streams.events import EventBus
+from streams.topics import LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_PREPARED
+
+PUBLISHED_NS_HEADER = "rl-published-ns"
+SEEN_IDS_KEPT = 20_000
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    learner_id: str = "learner-0"
+    """Key of this learner's GradientStep events."""
+    policy_id: str = "policy"
+    """Key of the PolicyVersion events it publishes."""
+    algo: str = "ppo"
+    """Algorithm name (recorded on every event)."""
+    train_batch_size: int = 2048
+    """Transitions per update; fragments are accumulated until at least this many arrived."""
+    snapshot_every: int = 10
+    """Snapshot the full learner state every this many updates (0: never)."""
+    group: str = "learner"
+    """Consumer group on rl.samples.prepared."""
+    max_updates: int | None = None
+    """Stop (``done``) after this many updates; None: run until stopped."""
+
+
+@dataclass
+class LearnerStats:
+    updates: int = 0
+    samples_trained: int = 0
+    duplicates_skipped: int = 0
+    paused_polls: int = 0
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Learner:
+    def __init__(self, config: LearnerConfig, algo: Algorithm, events: EventBus, snapshots: Any = None,
+                 breaker: Any = None, lag_signal: Callable[[], float] | None = None,
+                 on_update: Callable[["Learner", dict[str, float], float], None] | None = None,
+                 blob_store: BlobStore | None = None) -> None:
+        self.config = config
+        self.algo = algo
+        self.events = events
+        self.snapshots = snapshots
+        self.breaker = breaker
+        self.lag_signal = lag_signal
+        self.on_update = on_update
+        self.blob_store = blob_store
+        self.stats = LearnerStats()
+        self.version = -1  # newest version this learner published
+        self.model_version = -1  # version whose weights the algorithm holds
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._buffer: list[tuple[Record, PreparedBatch]] = []
+        self._buffered = 0
+        self._stream_ids = StreamIds()
+        self._offsets: dict[tuple[str, int], int] = {}
+        self.consumer = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def latest_published(self) -> int:
+        """Newest version of this policy on the topic (-1 if none)."""
+        newest = -1
+        ends = self.events.bus.end_offsets(POLICY_VERSIONS)
+        if not any(ends.values()):
+            return -1
+        start = {(POLICY_VERSIONS, p): max(0, e - 1) for p, e in ends.items()}
+        c = self.events.consumer(None, [POLICY_VERSIONS], stage="learner", expect=PolicyVersion, start=start)
+        try:
+            deadline = time.monotonic() + 10
+            remaining = {p for p, e in ends.items() if e > 0}
+            while remaining and time.monotonic() < deadline:
+                for rec, pv in c.poll(0.2):
+                    remaining.discard(rec.partition)
+                    if pv.policy_id == self.config.policy_id:
+                        newest = max(newest, pv.version)
+        finally:
+            c.close()
+        return newest
+
+    def start(self, resume: bool = True, from_version: int | None = None) -> None:
+        """Restore state (newest snapshot, or ``from_version``) and publish the current policy."""
+        published = self.latest_published()
+        restored = None
+        if self.snapshots is not None and (resume or from_version is not None):
+            restored = self._restore(from_version)
+        start: Any = "earliest"
+        if restored is not None:
+            start = restored
+        self.consumer = self.events.consumer(self.config.group, [SAMPLES_PREPARED], stage="learner",
+                                             expect=PreparedBatch, start=start)
+        self.version = published
+        self._publish(parent=self.model_version if self.model_version >= 0 else None)
+
+    def _restore(self, version: int | None) -> dict | None:
+        if version is None:
+            version = self.snapshots.latest()
+            if version is None:
+                return None
+        _, meta = self.snapshots.load(version)
+        state = self.snapshots.load_state(version)
+        if state is None:
+            raise RuntimeError(f"snapshot {version} has no learner state; cannot resume from it")
+        self.algo.load_state_dict(state)
+        self.model_version = version
+        self.stats.updates = int(meta.get("updates", 0))
+        for bid in meta.get("trained_batch_ids", []):
+            self._seen[bid] = None
+        return {(t, int(p)): int(o) for t, p, o in meta.get("offsets", [])} or None
+
+    def rollback(self, to_version: int) -> int:
+        """Restore snapshot ``to_version`` and publish it as a new version; returns that number."""
+        self._restore(to_version)
+        self._buffer.clear()
+        self._buffered = 0
+        return self._publish(parent=to_version)
+
+    # -- the loop -----------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.config.max_updates is not None and self.stats.updates >= self.config.max_updates
+
+    def step(self, timeout: float = 0.1) -> dict[str, float] | None:
+        if self.breaker is not None and self.lag_signal is not None:
+            self.breaker.update(self.lag_signal())
+            if not self.breaker.allow():
+                self.stats.paused_polls += 1
+                time.sleep(min(timeout, 0.05))
+                return None
+        for rec, pb in self.consumer.poll(timeout, max_records=64):
+            bid = pb.sample.batch_id
+            if bid in self._seen or any(b.sample.batch_id == bid for _, b in self._buffer):
+                self.stats.duplicates_skipped += 1
+                self.consumer.dead_letter(rec, "duplicate", "DuplicateBatch", f"batch_id {bid} already trained")
+                self._offsets[(rec.topic, rec.partition)] = rec.offset + 1
+                continue
+            if self._buffer and pb.sample.num_steps != self._buffer[0][1].sample.num_steps:
+                metrics = self._train()  # fragment length changed: train on what is in first
+                self._buffer.append((rec, pb))
+                self._buffered += pb.sample.size
+                return metrics
+            self._buffer.append((rec, pb))
+            self._buffered += pb.sample.size
+        if self._buffered >= self.config.train_batch_size:
+            return self._train()
+        return None
+
+    def _train(self) -> dict[str, float]:
+        started = now_ms()
+        t0 = time.perf_counter()
+        batches = [pb for _, pb in self._buffer]
+        records = [r for r, _ in self._buffer]
+        metrics = self.algo.update(to_trajectory_batch(batches, self._stream_ids))
+        self.stats.updates += 1
+        self.stats.samples_trained += self._buffered
+        self.stats.last_metrics = metrics
+        for b in batches:
+            self._seen[b.sample.batch_id] = None
+        while len(self._seen) > SEEN_IDS_KEPT:
+            self._seen.popitem(last=False)
+        for r in records:
+            self._offsets[(r.topic, r.partition)] = r.offset + 1
+        from_version = self.model_version
+        new_version = self._publish(parent=from_version, metrics=metrics)
+        step = GradientStep(
+            learner_id=self.config.learner_id, step=self.stats.updates, from_version=from_version,
+            to_version=new_version, algo=self.config.algo,
+            losses={k: float(v) for k, v in metrics.items()},
+            grad_norm=float(metrics.get("grad_norm", 0.0)), batch_ids=[b.sample.batch_id for b in batches],
+            num_samples=self._buffered, started_at_ms=started, finished_at_ms=now_ms(),
+        )
+        self.events.publish(LEARNER_STEPS, step, key=self.config.learner_id)
+        self.events.flush()
+        self.consumer.commit(records)
+        self._buffer.clear()
+        self._buffered = 0
+        if self.snapshots is not None and self.config.snapshot_every and \
+                self.stats.updates % self.config.snapshot_every == 0:
+            self.snapshot()
+        if self.on_update is not None:
+            self.on_update(self, metrics, time.perf_counter() - t0)
+        return metrics
+
+    def _publish(self, parent: int | None, metrics: dict[str, float] | None = None) -> int:
+        self.version += 1
+        pv = make_policy_version(
+            self.algo.policy, policy_id=self.config.policy_id, version=self.version, parent_version=parent,
+            learner_id=self.config.learner_id, algo=self.config.algo,
+            metrics={k: float(v) for k, v in (metrics or {}).items()}, blob_store=self.blob_store,
+        )
+        self.model_version = self.version
+        self.events.bus.produce(
+            POLICY_VERSIONS, self.events.codec.encode(pv), key=self.config.policy_id.encode(),
+            headers={**self.events.codec.headers_for(pv), PUBLISHED_NS_HEADER: str(time.time_ns()).encode()},
+        )
+        self.events.flush()
+        return self.version
+
+    def snapshot(self) -> None:
+        meta = {
+            "updates": self.stats.updates,
+            "algo": self.config.algo,
+            "offsets": [[t, p, o] for (t, p), o in sorted(self._offsets.items())],
+            "trained_batch_ids": list(self._seen.keys())[-SEEN_IDS_KEPT:],
+            "created_at_ms": now_ms(),
+        }
+        self.snapshots.save(self.model_version, self.algo.policy.state_dict(), meta, state=self.algo.state_dict())
+
+    def close(self) -> None:
+        if self.consumer is not None:
+            self.consumer.close()

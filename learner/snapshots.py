@@ -1,0 +1,759 @@
+"""Policy snapshot stores: versioned weights (+ optional learner state), no pickle.
+
+A snapshot is one policy version::
+
+    store = open_store("file:///data/snapshots")      # or "redis://redis:6379/0"
+    ref = store.save(7, model.state_dict(), {"algo": "ppo", "step": 700},
+                     state={"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 700})
+    weights, meta = store.load(7)                      # sha256-verified
+    state = store.load_state(7)                        # nested dict, tensors restored
+    snap = rollback(store, 5)                          # weights of a known-good version
+
+Format (identical on every backend):
+
+* weights: ``safetensors`` bytes (``safetensors.torch.save``), tensors moved to
+  CPU and made contiguous; tensors sharing storage are copied (tying is not
+  preserved in the file; ``load_state_dict`` restores it).
+* state (optional): the learner's full resume state, any nesting of
+  dict/list/tuple over tensors, ``None``, bool, int, float, str and
+  ``torch.dtype``: e.g. ``{"model": ..., "optimizer": opt.state_dict(),
+  "step": 700, "rng": torch.get_rng_state()}``. Tensors go into a second
+  safetensors blob, the nesting into a JSON structure (``flatten_state`` /
+  ``unflatten_state``); int dict keys (optimizer ``state``) survive. Anything
+  else raises ``TypeError``: nothing is ever pickled. This is the chosen design
+  (not opaque ``save_blob`` bytes), so every backend stores the same verifiable
+  format and the learner needs no encoder of its own.
+* record: JSON with ``meta`` (JSON-serialisable, checked at save), sha256 and
+  size of each blob, the state structure, ``created_at_ms``, and a sha256 of the
+  record itself. Every read verifies the checksums; a mismatch, a truncated
+  blob or an unparsable record raises ``SnapshotCorruptError``.
+
+Retention: after each ``save`` the store keeps the newest ``keep_last`` versions
+plus every pinned version (``pin``), and deletes the rest. Pins are stored with
+the snapshots, so they survive restarts and are shared by every process using
+the store. ``delete`` refuses a pinned version.
+
+One writer (the learner) per store; any number of readers.
+
+``SnapshotRef.key`` (a file path or Redis key) plus ``sha256`` is what a
+``PolicyVersion`` claim check needs when the weights are too big to inline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import secrets
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
+
+import safetensors.torch
+import torch
+
+__all__ = [
+    "FORMAT_VERSION",
+    "LocalDirSnapshotStore",
+    "RedisSnapshotStore",
+    "Snapshot",
+    "SnapshotCorruptError",
+    "SnapshotError",
+    "SnapshotNotFoundError",
+    "SnapshotPinnedError",
+    "SnapshotRef",
+    "SnapshotStore",
+    "flatten_state",
+    "open_store",
+    "rollback",
+    "unflatten_state",
+]
+
+FORMAT_VERSION = 1
+
+
+class SnapshotError(Exception):
+    """Base class of snapshot store errors."""
+
+
+class SnapshotNotFoundError(SnapshotError, KeyError):
+    """No snapshot with that version."""
+
+
+class SnapshotCorruptError(SnapshotError):
+    """A snapshot failed verification (checksum, size or format)."""
+
+
+class SnapshotPinnedError(SnapshotError):
+    """The version is pinned; unpin it before deleting."""
+
+
+@dataclass(frozen=True)
+class SnapshotRef:
+    """Where a saved snapshot lives.
+
+    Attributes:
+        version: policy version.
+        store_url: URL of the store (``file:///...`` or ``redis://...``).
+        key: file path or Redis key of the weights blob (claim-check reference).
+        sha256: hex sha256 of the weights blob.
+        nbytes: size of the weights blob.
+        created_at_ms: wall-clock save time.
+        has_state: whether learner state was saved alongside.
+    """
+
+    version: int
+    store_url: str
+    key: str
+    sha256: str
+    nbytes: int
+    created_at_ms: int
+    has_state: bool
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    version: int
+    weights: dict[str, torch.Tensor]
+    meta: dict[str, Any]
+    state: Any | None = None
+
+
+@runtime_checkable
+class SnapshotStore(Protocol):
+    """What the learner, ``rlstream serve`` and ``rlstream rollback`` use."""
+
+    keep_last: int | None
+    url: str
+
+    def save(
+        self,
+        version: int,
+        weights: Mapping[str, torch.Tensor],
+        meta: Mapping[str, Any] | None = None,
+        state: Any | None = None,
+    ) -> SnapshotRef: ...
+    def load(self, version: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]: ...
+    def load_state(self, version: int) -> Any | None: ...
+    def ref(self, version: int) -> SnapshotRef: ...
+    def versions(self) -> list[int]: ...
+    def latest(self) -> int | None: ...
+    def delete(self, version: int) -> None: ...
+    def pin(self, version: int) -> None: ...
+    def unpin(self, version: int) -> None: ...
+    def pinned(self) -> set[int]: ...
+    def prune(self) -> list[int]: ...
+
+
+# ---------------------------------------------------------------------------
+# Encoding (shared by all backends)
+# ---------------------------------------------------------------------------
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def _cpu_tensor(t: torch.Tensor, seen_storage: set[int]) -> torch.Tensor:
+    if t.is_sparse or t.layout is not torch.strided:
+        raise TypeError(f"only dense tensors can be saved, got layout {t.layout}")
+    out = t.detach().to("cpu").contiguous()
+    if out.numel() == 0:
+        return out
+    ptr = out.untyped_storage().data_ptr()
+    if ptr in seen_storage:
+        out = out.clone()  # safetensors refuses tensors sharing memory
+    else:
+        seen_storage.add(ptr)
+    return out
+
+
+def _encode_tensors(tensors: Mapping[str, torch.Tensor]) -> bytes:
+    seen: set[int] = set()
+    prepared: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        if not isinstance(name, str):
+            raise TypeError(f"tensor names must be str, got {name!r}")
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name!r} is a {type(t).__name__}, not a tensor")
+        prepared[name] = _cpu_tensor(t, seen)
+    return safetensors.torch.save(prepared)
+
+
+def _decode_tensors(data: bytes, what: str, version: int) -> dict[str, torch.Tensor]:
+    try:
+        return dict(safetensors.torch.load(data))
+    except Exception as exc:  # SafetensorError, ValueError, ...
+        raise SnapshotCorruptError(f"v{version} {what}: not a valid safetensors blob ({exc})") from exc
+
+
+def flatten_state(state: Any) -> tuple[dict[str, torch.Tensor], Any]:
+    """Split a nested state into ``(tensors, structure)``: tensors by key, nesting as JSON.
+
+    The same tensor object reached twice is stored once and restored as one object.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    by_id: dict[int, str] = {}
+
+    def enc(obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            key = by_id.get(id(obj))
+            if key is None:
+                key = f"t{len(tensors)}"
+                by_id[id(obj)] = key
+                tensors[key] = obj
+            return {"T": key}
+        if obj is None or isinstance(obj, (bool, int, float, str)):
+            return {"V": obj}
+        if isinstance(obj, torch.dtype):
+            return {"dtype": str(obj).removeprefix("torch.")}
+        if isinstance(obj, Mapping):
+            items = []
+            for k, v in obj.items():
+                if isinstance(k, bool) or not isinstance(k, (str, int)):
+                    raise TypeError(f"state dict keys must be str or int, got {k!r}")
+                items.append([k if isinstance(k, str) else {"i": k}, enc(v)])
+            return {"D": items}
+        if isinstance(obj, tuple):
+            return {"U": [enc(v) for v in obj]}
+        if isinstance(obj, list):
+            return {"L": [enc(v) for v in obj]}
+        raise TypeError(f"cannot store {type(obj).__name__} in learner state (no pickle)")
+
+    structure = enc(state)
+    return tensors, structure
+
+
+def unflatten_state(tensors: Mapping[str, torch.Tensor], structure: Any) -> Any:
+    """Inverse of ``flatten_state``."""
+
+    def dec(node: Any) -> Any:
+        if not isinstance(node, dict) or len(node) != 1:
+            raise ValueError(f"bad state structure node {node!r}")
+        (tag, val), = node.items()
+        if tag == "T":
+            return tensors[val]
+        if tag == "V":
+            return val
+        if tag == "dtype":
+            dtype = getattr(torch, val, None)
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"unknown dtype {val!r}")
+            return dtype
+        if tag == "D":
+            return {(k["i"] if isinstance(k, dict) else k): dec(v) for k, v in val}
+        if tag == "U":
+            return tuple(dec(v) for v in val)
+        if tag == "L":
+            return [dec(v) for v in val]
+        raise ValueError(f"unknown state structure tag {tag!r}")
+
+    return dec(structure)
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    weights: bytes
+    state: bytes | None
+    record: dict[str, Any]
+
+
+def _encode(
+    version: int, weights: Mapping[str, torch.Tensor], meta: Mapping[str, Any] | None, state: Any | None
+) -> _Encoded:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"version must be an int >= 0, got {version!r}")
+    meta_d = dict(meta or {})
+    try:
+        json.dumps(meta_d)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"meta must be JSON-serialisable: {exc}") from exc
+    wbytes = _encode_tensors(weights)
+    sbytes: bytes | None = None
+    state_rec: dict[str, Any] | None = None
+    if state is not None:
+        tensors, structure = flatten_state(state)
+        sbytes = _encode_tensors(tensors)
+        state_rec = {"sha256": _sha256(sbytes), "nbytes": len(sbytes), "structure": structure}
+    record: dict[str, Any] = {
+        "format": FORMAT_VERSION,
+        "version": version,
+        "created_at_ms": int(time.time() * 1000),
+        "meta": meta_d,
+        "weights": {"sha256": _sha256(wbytes), "nbytes": len(wbytes)},
+        "state": state_rec,
+    }
+    record["checksum"] = _sha256(_canonical(record))
+    return _Encoded(wbytes, sbytes, record)
+
+
+def _parse_record(raw: bytes, version: int) -> dict[str, Any]:
+    try:
+        record = json.loads(raw)
+        body = {k: v for k, v in record.items() if k != "checksum"}
+        ok = record.get("checksum") == _sha256(_canonical(body))
+    except (ValueError, AttributeError, UnicodeDecodeError) as exc:
+        raise SnapshotCorruptError(f"v{version} record: unreadable ({exc})") from exc
+    if not ok:
+        raise SnapshotCorruptError(f"v{version} record: checksum mismatch")
+    if record.get("format") != FORMAT_VERSION:
+        raise SnapshotCorruptError(f"v{version} record: unsupported format {record.get('format')!r}")
+    if record.get("version") != version:
+        raise SnapshotCorruptError(f"v{version} record: holds version {record.get('version')!r}")
+    return record
+
+
+def _verify_blob(data: bytes | None, expect: Mapping[str, Any], what: str, version: int) -> bytes:
+    if data is None:
+        raise SnapshotCorruptError(f"v{version} {what}: blob missing")
+    if len(data) != expect["nbytes"]:
+        raise SnapshotCorruptError(f"v{version} {what}: {len(data)} bytes, expected {expect['nbytes']}")
+    if _sha256(data) != expect["sha256"]:
+        raise SnapshotCorruptError(f"v{version} {what}: sha256 mismatch")
+    return data
+
+
+# ---------------------------------------------------------------------------
+# Backend-independent store logic
+# ---------------------------------------------------------------------------
+
+
+class _BaseStore:
+    """Save/load/retention on top of a few backend primitives."""
+
+    url: str
+    keep_last: int | None
+
+    def __init__(self, keep_last: int | None) -> None:
+        if keep_last is not None and keep_last < 1:
+            raise ValueError("keep_last must be >= 1 (or None to keep everything)")
+        self.keep_last = keep_last
+
+    # backend primitives ------------------------------------------------
+    def _write(self, version: int, enc: _Encoded) -> str:
+        """Store all parts of ``version`` (record last / atomically); return the weights key."""
+        raise NotImplementedError
+
+    def _read_record(self, version: int) -> bytes | None:
+        raise NotImplementedError
+
+    def _read_blobs(self, version: int, state: bool) -> tuple[bytes | None, bytes | None]:
+        """``(weights, None)`` or, with ``state``, ``(None, state)``; ``None`` where missing."""
+        raise NotImplementedError
+
+    def _weights_key(self, version: int) -> str:
+        raise NotImplementedError
+
+    def _remove(self, version: int) -> None:
+        raise NotImplementedError
+
+    def versions(self) -> list[int]:
+        """Stored versions, ascending."""
+        raise NotImplementedError
+
+    def pinned(self) -> set[int]:
+        raise NotImplementedError
+
+    def _set_pin(self, version: int, pinned: bool) -> None:
+        raise NotImplementedError
+
+    # public API ---------------------------------------------------------
+    def save(
+        self,
+        version: int,
+        weights: Mapping[str, torch.Tensor],
+        meta: Mapping[str, Any] | None = None,
+        state: Any | None = None,
+    ) -> SnapshotRef:
+        """Store ``weights`` (+ ``meta``, + optional learner ``state``) as ``version``, then prune.
+
+        Saving an existing version replaces it.
+        """
+        enc = _encode(version, weights, meta, state)
+        key = self._write(version, enc)
+        self.prune()
+        return self._make_ref(version, key, enc.record)
+
+    def load(self, version: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """Verified ``(weights, meta)`` of ``version``."""
+        record = self._record(version)
+        wbytes, _ = self._read_blobs(version, state=False)
+        wbytes = _verify_blob(wbytes, record["weights"], "weights", version)
+        return _decode_tensors(wbytes, "weights", version), record["meta"]
+
+    def load_state(self, version: int) -> Any | None:
+        """Verified learner state of ``version``, or ``None`` if it was saved without one."""
+        record = self._record(version)
+        srec = record["state"]
+        if srec is None:
+            return None
+        _, sbytes = self._read_blobs(version, state=True)
+        sbytes = _verify_blob(sbytes, srec, "state", version)
+        tensors = _decode_tensors(sbytes, "state", version)
+        try:
+            return unflatten_state(tensors, srec["structure"])
+        except (KeyError, ValueError, TypeError) as exc:
+            raise SnapshotCorruptError(f"v{version} state: bad structure ({exc})") from exc
+
+    def load_snapshot(self, version: int, with_state: bool = False) -> Snapshot:
+        weights, meta = self.load(version)
+        state = self.load_state(version) if with_state else None
+        return Snapshot(version, weights, meta, state)
+
+    def meta(self, version: int) -> dict[str, Any]:
+        """``meta`` of ``version`` without reading the weights."""
+        return self._record(version)["meta"]
+
+    def ref(self, version: int) -> SnapshotRef:
+        return self._make_ref(version, self._weights_key(version), self._record(version))
+
+    def latest(self) -> int | None:
+        vs = self.versions()
+        return vs[-1] if vs else None
+
+    def delete(self, version: int) -> None:
+        """Remove ``version``; raises ``SnapshotPinnedError`` if pinned, not-found if absent."""
+        if version in self.pinned():
+            raise SnapshotPinnedError(f"v{version} is pinned; unpin it first")
+        if version not in self.versions():
+            raise SnapshotNotFoundError(version)
+        self._remove(version)
+
+    def pin(self, version: int) -> None:
+        """Keep ``version`` regardless of ``keep_last``."""
+        if version not in self.versions():
+            raise SnapshotNotFoundError(version)
+        self._set_pin(version, True)
+
+    def unpin(self, version: int) -> None:
+        self._set_pin(version, False)
+
+    def prune(self) -> list[int]:
+        """Apply retention now; returns the deleted versions (oldest first)."""
+        if self.keep_last is None:
+            return []
+        vs = self.versions()
+        keep = set(vs[-self.keep_last :]) | self.pinned()
+        doomed = [v for v in vs if v not in keep]
+        for v in doomed:
+            self._remove(v)
+        return doomed
+
+    # helpers -------------------------------------------------------------
+    def _record(self, version: int) -> dict[str, Any]:
+        raw = self._read_record(version)
+        if raw is None:
+            raise SnapshotNotFoundError(version)
+        return _parse_record(raw, version)
+
+    def _make_ref(self, version: int, key: str, record: Mapping[str, Any]) -> SnapshotRef:
+        return SnapshotRef(
+            version=version,
+            store_url=self.url,
+            key=key,
+            sha256=record["weights"]["sha256"],
+            nbytes=record["weights"]["nbytes"],
+            created_at_ms=record["created_at_ms"],
+            has_state=record["state"] is not None,
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r}, keep_last={self.keep_last})"
+
+
+# ---------------------------------------------------------------------------
+# Local directory
+# ---------------------------------------------------------------------------
+
+_RECORD_RE = re.compile(r"^v(\d{8,})\.json$")
+
+
+class LocalDirSnapshotStore(_BaseStore):
+    """Snapshots as files in a directory.
+
+    Per version: ``v{version:08d}.safetensors`` (weights), ``v{version:08d}.state.safetensors``
+    (optional learner state) and ``v{version:08d}.json`` (the record, written
+    last: its presence commits the version). Pins in ``pins.json``. Every file is
+    written to a temporary name in the same directory, fsynced, then
+    ``os.replace``-d into place, so a crash never leaves a half-written file
+    under a real name.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], keep_last: int | None = 10, fsync: bool = True) -> None:
+        super().__init__(keep_last)
+        self.path = Path(path).expanduser().resolve()
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.fsync = fsync
+        self.url = self.path.as_uri()
+
+    def _file(self, version: int, suffix: str) -> Path:
+        return self.path / f"v{version:08d}{suffix}"
+
+    def _atomic_write(self, target: Path, data: bytes) -> None:
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                if self.fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            raise
+        if self.fsync:
+            self._fsync_dir()
+
+    def _fsync_dir(self) -> None:
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _write(self, version: int, enc: _Encoded) -> str:
+        wfile = self._file(version, ".safetensors")
+        sfile = self._file(version, ".state.safetensors")
+        self._atomic_write(wfile, enc.weights)
+        if enc.state is not None:
+            self._atomic_write(sfile, enc.state)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                sfile.unlink()
+        self._atomic_write(self._file(version, ".json"), _canonical(enc.record))
+        return str(wfile)
+
+    def _weights_key(self, version: int) -> str:
+        return str(self._file(version, ".safetensors"))
+
+    @staticmethod
+    def _read(path: Path) -> bytes | None:
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def _read_record(self, version: int) -> bytes | None:
+        return self._read(self._file(version, ".json"))
+
+    def _read_blobs(self, version: int, state: bool) -> tuple[bytes | None, bytes | None]:
+        if state:
+            return None, self._read(self._file(version, ".state.safetensors"))
+        return self._read(self._file(version, ".safetensors")), None
+
+    def _remove(self, version: int) -> None:
+        # Record first: from then on the version no longer exists for readers.
+        for suffix in (".json", ".safetensors", ".state.safetensors"):
+            with contextlib.suppress(FileNotFoundError):
+                self._file(version, suffix).unlink()
+
+    def versions(self) -> list[int]:
+        out = []
+        for entry in os.scandir(self.path):
+            m = _RECORD_RE.match(entry.name)
+            if m:
+                out.append(int(m.group(1)))
+        return sorted(out)
+
+    def pinned(self) -> set[int]:
+        raw = self._read(self.path / "pins.json")
+        if raw is None:
+            return set()
+        try:
+            return {int(v) for v in json.loads(raw)}
+        except (ValueError, TypeError) as exc:
+            raise SnapshotCorruptError(f"pins.json unreadable ({exc})") from exc
+
+    def _set_pin(self, version: int, pinned: bool) -> None:
+        pins = self.pinned()
+        if pinned:
+            pins.add(version)
+        else:
+            pins.discard(version)
+        self._atomic_write(self.path / "pins.json", json.dumps(sorted(pins)).encode())
+
+
+# ---------------------------------------------------------------------------
+# Redis
+# ---------------------------------------------------------------------------
+
+
+class RedisSnapshotStore(_BaseStore):
+    """Snapshots in Redis (redis-py).
+
+    Keys, for ``prefix`` ``P`` and version ``V``:
+
+    * ``P:weights:V``: weights safetensors bytes (the claim-check key);
+    * ``P:state:V``: learner state safetensors bytes (optional);
+    * ``P:meta:V``: hash with ``record`` (the JSON record), plus ``sha256`` and
+      ``created_at_ms`` for people and other tools reading Redis directly;
+    * ``P:versions``: sorted set of versions (score = version);
+    * ``P:pins``: set of pinned versions.
+
+    Writes and deletes run in one MULTI/EXEC transaction, reads in another, so a
+    reader never sees a half-written version. A Redis string holds at most
+    512 MB: fine for policies, not for very large models.
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://localhost:6379/0",
+        prefix: str = "rlstream:snapshots",
+        keep_last: int | None = 10,
+        client: Any | None = None,
+    ) -> None:
+        super().__init__(keep_last)
+        import redis  # local import: only this backend needs it
+
+        self.prefix = prefix.rstrip(":")
+        self._r = client if client is not None else redis.Redis.from_url(url)
+        # Never carry a password into refs, events or logs.
+        self.url = _with_query(_redact(url), {"prefix": self.prefix})
+        self._versions_key = f"{self.prefix}:versions"
+        self._pins_key = f"{self.prefix}:pins"
+
+    def _k(self, kind: str, version: int) -> str:
+        return f"{self.prefix}:{kind}:{version}"
+
+    def _write(self, version: int, enc: _Encoded) -> str:
+        pipe = self._r.pipeline(transaction=True)
+        pipe.set(self._k("weights", version), enc.weights)
+        if enc.state is not None:
+            pipe.set(self._k("state", version), enc.state)
+        else:
+            pipe.delete(self._k("state", version))
+        meta_key = self._k("meta", version)
+        pipe.delete(meta_key)
+        pipe.hset(
+            meta_key,
+            mapping={
+                "record": _canonical(enc.record),
+                "sha256": enc.record["weights"]["sha256"],
+                "created_at_ms": enc.record["created_at_ms"],
+            },
+        )
+        pipe.zadd(self._versions_key, {str(version): version})
+        pipe.execute()
+        return self._k("weights", version)
+
+    def _weights_key(self, version: int) -> str:
+        return self._k("weights", version)
+
+    def _read_record(self, version: int) -> bytes | None:
+        raw = self._r.hget(self._k("meta", version), "record")
+        return None if raw is None else bytes(raw)
+
+    def _read_blobs(self, version: int, state: bool) -> tuple[bytes | None, bytes | None]:
+        key = self._k("state" if state else "weights", version)
+        data = self._r.get(key)
+        data = None if data is None else bytes(data)
+        return (None, data) if state else (data, None)
+
+    def _remove(self, version: int) -> None:
+        pipe = self._r.pipeline(transaction=True)
+        pipe.zrem(self._versions_key, str(version))
+        pipe.delete(self._k("meta", version), self._k("weights", version), self._k("state", version))
+        pipe.execute()
+
+    def versions(self) -> list[int]:
+        return [int(v) for v in self._r.zrange(self._versions_key, 0, -1)]
+
+    def pinned(self) -> set[int]:
+        return {int(v) for v in self._r.smembers(self._pins_key)}
+
+    def _set_pin(self, version: int, pinned: bool) -> None:
+        if pinned:
+            self._r.sadd(self._pins_key, str(version))
+        else:
+            self._r.srem(self._pins_key, str(version))
+
+    def iter_keys(self) -> Iterator[bytes]:
+        """Every Redis key under the prefix (tests and cleanup)."""
+        yield from self._r.scan_iter(match=f"{self.prefix}:*")
+
+    def close(self) -> None:
+        self._r.close()
+
+
+# ---------------------------------------------------------------------------
+# Factory and rollback
+# ---------------------------------------------------------------------------
+
+
+def open_store(url: str | os.PathLike[str], keep_last: int | None = 10) -> SnapshotStore:
+    """Open a store from ``$RLSTREAM_SNAPSHOT_STORE``-style URL.
+
+    * ``file:///abs/path``, or a plain path: ``LocalDirSnapshotStore``;
+    * ``redis://``, ``rediss://``, ``unix://``: ``RedisSnapshotStore``; the query
+      parameter ``prefix`` sets the key prefix (default ``rlstream:snapshots``).
+
+    A ``keep_last`` query parameter overrides the argument (``keep_last=0``
+    keeps everything), for example ``redis://redis:6379/0?prefix=run42&keep_last=20``.
+    """
+    text = os.fspath(url)
+    parts = urlsplit(text)
+    scheme = parts.scheme.lower()
+    if scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt"):
+        if scheme == "file":
+            query = parse_qs(parts.query)
+            path = (parts.netloc + parts.path) if parts.netloc not in ("", "localhost") else parts.path
+        else:
+            query, path = {}, text
+        return LocalDirSnapshotStore(path, keep_last=_keep_last(query, keep_last))
+    if scheme in ("redis", "rediss", "unix"):
+        query = parse_qs(parts.query)
+        prefix = query.pop("prefix", ["rlstream:snapshots"])[-1]
+        keep = _keep_last(query, keep_last)
+        query.pop("keep_last", None)
+        clean = urlunsplit(parts._replace(query=urlencode(query, doseq=True)))
+        return RedisSnapshotStore(clean, prefix=prefix, keep_last=keep)
+    raise ValueError(f"unsupported snapshot store URL {text!r} (use file://, a path, or redis://)")
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + host))
+
+
+def _with_query(url: str, extra: Mapping[str, str]) -> str:
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    query.update({k: [v] for k, v in extra.items()})
+    return urlunsplit(parts._replace(query=urlencode(query, doseq=True)))
+
+
+def _keep_last(query: dict[str, list[str]], default: int | None) -> int | None:
+    if "keep_last" not in query:
+        return default
+    n = int(query["keep_last"][-1])
+    return None if n == 0 else n
+
+
+def rollback(store: SnapshotStore, to_version: int, *, with_state: bool = False, pin: bool = False) -> Snapshot:
+    """Weights (and meta) of ``to_version``, verified, for republishing a known-good policy.
+
+    The learner republishes them as a *new* version (versions stay monotonic;
+    ``parent_version=to_version``). ``with_state`` also loads the learner state
+    (slower); ``pin`` protects ``to_version`` from retention.
+    """
+    weights, meta = store.load(to_version)
+    state = store.load_state(to_version) if with_state else None
+    if pin:
+        store.pin(to_version)
+    return Snapshot(to_version, weights, meta, state)

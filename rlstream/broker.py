@@ -1,0 +1,1097 @@
+"""Local Apache Kafka broker manager (no Docker needed).
+
+Fetches the Kafka jars from Maven Central with ``mvn``, formats a KRaft
+storage directory and runs a single-node combined broker+controller on
+127.0.0.1.  Readiness is a real Kafka protocol round trip (ApiVersions, then
+Metadata showing this broker as alive), never a sleep.
+
+Standard library only: it must run before the package's dependencies are
+installed (``python3 -m rlstream.broker start`` from the repo root).
+
+Command line::
+
+    rlstream broker fetch   [--version V]
+    rlstream broker start   [--port 9092] [--controller-port P] [--data-dir D]
+                            [--fresh] [--foreground] [--timeout 120]
+    rlstream broker stop    [--port 9092] [--data-dir D] [--timeout 30]
+    rlstream broker status  [--port 9092] [--data-dir D]
+
+Python API (used by tests)::
+
+    kafka = LocalKafka(port=19092)
+    kafka.start()            # fetch + format + launch + wait until ready
+    kafka.bootstrap          # "127.0.0.1:19092"
+    kafka.kill()             # simulate a crash (SIGKILL), data dir kept
+    kafka.restart()          # stop + start on the same data dir
+    kafka.stop()
+
+Environment: ``RLSTREAM_KAFKA_VERSION`` (default version),
+``RLSTREAM_CACHE`` (cache root, default ``~/.cache/rlstream``),
+``RLSTREAM_KAFKA_JAVA_OPTS`` (extra JVM options), ``JAVA_HOME``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Iterator, Mapping, Sequence
+
+KAFKA_VERSION = "3.9.1"
+SCALA_BINARY = "2.13"
+DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
+# Kafka 3.x ships no logging backend at runtime; slf4j 1.7 + reload4j is what
+# its own distribution uses.
+LOGGING_DEPS_3X = (
+    ("org.slf4j", "slf4j-reload4j", "1.7.36"),
+    ("ch.qos.reload4j", "reload4j", "1.2.25"),
+)
+# Kafka 4.x moved to log4j2; kafka-server brings log4j-api/-core but the code
+# still logs through slf4j 1.7, so the binding is log4j-slf4j-impl.
+LOGGING_DEPS_4X = (
+    ("org.apache.logging.log4j", "log4j-slf4j-impl", "2.24.3"),
+    ("org.apache.logging.log4j", "log4j-core", "2.24.3"),
+)
+
+DEFAULT_PORT = 9092
+DEFAULT_START_TIMEOUT = 120.0
+DEFAULT_STOP_TIMEOUT = 30.0
+HOST = "127.0.0.1"
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+JVM_HEAP = ("-Xms256m", "-Xmx1g")
+
+MARKER = ".rlstream-complete"
+PID_FILE = "broker.pid"
+STATE_FILE = "broker.json"
+STDOUT_LOG = "broker.out"
+
+API_VERSIONS_KEY = 18
+METADATA_KEY = 3
+
+# Loggers that flood a dev broker's log at INFO.
+NOISY_LOGGERS = (
+    "kafka.request.logger",
+    "kafka.network.RequestChannel$",
+    "kafka.controller",
+    "kafka.log",
+    "kafka.log.LogCleaner",
+    "kafka.coordinator",
+    "kafka.cluster",
+    "kafka.server.metadata",
+    "kafka.server.KafkaConfig",
+    "kafka.server.NodeToControllerRequestThread",
+    "kafka.server.DelayedOperationPurgatory$ExpiredOperationReaper",
+    "kafka.server.ClientQuotaManager$ThrottledChannelReaper",
+    "kafka.server.ReplicaFetcherManager",
+    "kafka.server.ReplicaAlterLogDirsManager",
+    "kafka.authorizer.logger",
+    "state.change.logger",
+    "org.apache.kafka",
+    "org.apache.zookeeper",
+)
+
+
+class BrokerError(RuntimeError):
+    """Any failure to fetch, start or stop the local broker (message is user-facing)."""
+
+
+class PortBusyError(BrokerError):
+    """The port is held by something that is not a Kafka broker we manage."""
+
+    def __init__(self, message: str, *, is_kafka: bool) -> None:
+        super().__init__(message)
+        self.is_kafka = is_kafka
+
+
+# --------------------------------------------------------------------------
+# paths and versions
+
+
+def default_version() -> str:
+    return os.environ.get("RLSTREAM_KAFKA_VERSION") or KAFKA_VERSION
+
+
+def cache_root() -> Path:
+    env = os.environ.get("RLSTREAM_CACHE")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "rlstream"
+
+
+def kafka_home(version: str) -> Path:
+    """``<cache>/kafka-<version>``: pom.xml, lib/, log4j config, default data dirs."""
+    return cache_root() / f"kafka-{version}"
+
+
+def major_version(version: str) -> int:
+    try:
+        return int(version.split(".", 1)[0])
+    except ValueError:
+        raise BrokerError(f"cannot parse Kafka version {version!r}") from None
+
+
+def maven_coordinates(version: str) -> list[tuple[str, str, str]]:
+    logging_deps = LOGGING_DEPS_4X if major_version(version) >= 4 else LOGGING_DEPS_3X
+    return [("org.apache.kafka", f"kafka_{SCALA_BINARY}", version), *logging_deps]
+
+
+def new_cluster_id() -> str:
+    """A random 22-char base64url id, as ``kafka-storage.sh random-uuid`` makes.
+
+    Like Kafka's own generator it never starts with '-' (it would be parsed
+    as an option)."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
+# --------------------------------------------------------------------------
+# rendering
+
+
+def render_pom(version: str) -> str:
+    deps = "\n".join(
+        "    <dependency>\n"
+        f"      <groupId>{g}</groupId>\n"
+        f"      <artifactId>{a}</artifactId>\n"
+        f"      <version>{v}</version>\n"
+        "    </dependency>"
+        for g, a, v in maven_coordinates(version)
+    )
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        "<!-- Generated by rlstream.broker to fetch Kafka jars; throwaway. -->\n"
+        '<project xmlns="http://maven.apache.org/POM/4.0.0">\n'
+        "  <modelVersion>4.0.0</modelVersion>\n"
+        "  <groupId>rlstream.local</groupId>\n"
+        f"  <artifactId>kafka-runtime-{version}</artifactId>\n"
+        "  <version>0</version>\n"
+        "  <packaging>pom</packaging>\n"
+        "  <dependencies>\n"
+        f"{deps}\n"
+        "  </dependencies>\n"
+        "</project>\n"
+    )
+
+
+def render_log4j() -> str:
+    """log4j 1.x config: console + rolling file in ``${kafka.logs.dir}``."""
+    lines = [
+        "# Generated by rlstream.broker",
+        "log4j.rootLogger=INFO, stdout, file",
+        "log4j.appender.stdout=org.apache.log4j.ConsoleAppender",
+        "log4j.appender.stdout.layout=org.apache.log4j.PatternLayout",
+        "log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n",
+        "log4j.appender.file=org.apache.log4j.RollingFileAppender",
+        "log4j.appender.file.File=${kafka.logs.dir}/server.log",
+        "log4j.appender.file.MaxFileSize=20MB",
+        "log4j.appender.file.MaxBackupIndex=3",
+        "log4j.appender.file.layout=org.apache.log4j.PatternLayout",
+        "log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n",
+    ]
+    lines += [f"log4j.logger.{name}=WARN" for name in NOISY_LOGGERS]
+    # Keep the startup/shutdown milestones ("Kafka Server started") visible.
+    lines += ["log4j.logger.kafka.server.KafkaRaftServer=INFO", "log4j.logger.kafka.Kafka=INFO"]
+    return "\n".join(lines) + "\n"
+
+
+def render_log4j2() -> str:
+    """log4j2 config (Kafka 4.x), same shape as :func:`render_log4j`."""
+    lines = [
+        "# Generated by rlstream.broker",
+        "status = warn",
+        "appender.stdout.type = Console",
+        "appender.stdout.name = STDOUT",
+        "appender.stdout.layout.type = PatternLayout",
+        "appender.stdout.layout.pattern = [%d] %p %m (%c)%n",
+        "appender.file.type = RollingFile",
+        "appender.file.name = FILE",
+        "appender.file.fileName = ${sys:kafka.logs.dir}/server.log",
+        "appender.file.filePattern = ${sys:kafka.logs.dir}/server.log.%i",
+        "appender.file.layout.type = PatternLayout",
+        "appender.file.layout.pattern = [%d] %p %m (%c)%n",
+        "appender.file.policies.type = Policies",
+        "appender.file.policies.size.type = SizeBasedTriggeringPolicy",
+        "appender.file.policies.size.size = 20MB",
+        "appender.file.strategy.type = DefaultRolloverStrategy",
+        "appender.file.strategy.max = 3",
+        "rootLogger.level = INFO",
+        "rootLogger.appenderRef.stdout.ref = STDOUT",
+        "rootLogger.appenderRef.file.ref = FILE",
+    ]
+    for i, name in enumerate(NOISY_LOGGERS):
+        lines += [f"logger.n{i}.name = {name}", f"logger.n{i}.level = WARN"]
+    return "\n".join(lines) + "\n"
+
+
+def server_properties(
+    *,
+    port: int,
+    controller_port: int,
+    log_dir: Path | str,
+    version: str = KAFKA_VERSION,
+    node_id: int = 1,
+    extra: Mapping[str, object] | None = None,
+) -> dict[str, str]:
+    """Settings for a single-node combined broker+controller on 127.0.0.1."""
+    props: dict[str, object] = {
+        "process.roles": "broker,controller",
+        "node.id": node_id,
+        "controller.quorum.voters": f"{node_id}@{HOST}:{controller_port}",
+        "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": str(log_dir),
+        "num.partitions": 1,
+        "auto.create.topics.enable": "true",
+        "offsets.topic.replication.factor": 1,
+        "offsets.topic.num.partitions": 1,
+        "transaction.state.log.replication.factor": 1,
+        # The default (2) makes every transaction fail on one node.
+        "transaction.state.log.min.isr": 1,
+        "transaction.state.log.num.partitions": 1,
+        "group.initial.rebalance.delay.ms": 0,
+        # Large payloads (weights, batched trajectories) up to 16 MiB.
+        "message.max.bytes": MAX_MESSAGE_BYTES,
+        "replica.fetch.max.bytes": MAX_MESSAGE_BYTES,
+        # Keep the whole history so runs are replayable.
+        "log.retention.hours": -1,
+        "log.retention.bytes": -1,
+        # After a crash (SIGKILL) the restarted controller refuses the broker's
+        # re-registration (DUPLICATE_BROKER_REGISTRATION) until the old session
+        # expires: 9 s by default.  A shorter session makes crash-restart ~3 s.
+        "broker.heartbeat.interval.ms": 500,
+        "broker.session.timeout.ms": 3000,
+    }
+    if major_version(version) >= 4:
+        props["share.coordinator.state.topic.replication.factor"] = 1
+        props["share.coordinator.state.topic.min.isr"] = 1
+    if extra:
+        props.update(extra)
+    return {k: str(v) for k, v in props.items()}
+
+
+def render_properties(props: Mapping[str, str]) -> str:
+    body = "".join(f"{k}={v}\n" for k, v in props.items())
+    return "# Generated by rlstream.broker; rewritten on every start.\n" + body
+
+
+# --------------------------------------------------------------------------
+# Kafka wire protocol probe
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("connection closed by peer")
+        buf += chunk
+    return bytes(buf)
+
+
+def _request(api_key: int, api_version: int, correlation_id: int, body: bytes = b"",
+             client_id: str = "rlstream-probe") -> bytes:
+    """Frame a request with header v1 (non-flexible): key, version, corr id, client id."""
+    cid = client_id.encode()
+    header = struct.pack(">hhih", api_key, api_version, correlation_id, len(cid)) + cid
+    payload = header + body
+    return struct.pack(">i", len(payload)) + payload
+
+
+def _roundtrip(sock: socket.socket, request: bytes, correlation_id: int,
+               max_size: int = 1 << 20) -> bytes:
+    sock.sendall(request)
+    (size,) = struct.unpack(">i", _recv_exact(sock, 4))
+    if size < 4 or size > max_size:
+        raise ValueError(f"implausible response size {size}")
+    data = _recv_exact(sock, size)
+    (corr,) = struct.unpack_from(">i", data, 0)
+    if corr != correlation_id:
+        raise ValueError(f"correlation id mismatch: sent {correlation_id}, got {corr}")
+    return data[4:]
+
+
+def parse_api_versions_v0(body: bytes) -> tuple[int, dict[int, tuple[int, int]]]:
+    """ApiVersions v0 response body -> (error_code, {api_key: (min, max)})."""
+    error_code, count = struct.unpack_from(">hi", body, 0)
+    if count < 0 or 6 + 6 * count > len(body):
+        raise ValueError(f"bad ApiVersions array length {count}")
+    apis = {}
+    for i in range(count):
+        key, lo, hi = struct.unpack_from(">hhh", body, 6 + 6 * i)
+        apis[key] = (lo, hi)
+    return error_code, apis
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self.data, self.pos = data, 0
+
+    def unpack(self, fmt: str):
+        vals = struct.unpack_from(fmt, self.data, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return vals if len(vals) > 1 else vals[0]
+
+    def string(self) -> str | None:
+        n = self.unpack(">h")
+        if n < 0:
+            return None
+        s = self.data[self.pos:self.pos + n].decode("utf-8", "replace")
+        self.pos += n
+        return s
+
+
+def metadata_v4_request(topics: Sequence[str] | None = None,
+                        allow_auto_create: bool = False) -> bytes:
+    """Metadata v4 request body: topics (null = all) and allow_auto_topic_creation."""
+    if topics is None:
+        body = struct.pack(">i", -1)
+    else:
+        body = struct.pack(">i", len(topics))
+        for t in topics:
+            raw = t.encode()
+            body += struct.pack(">h", len(raw)) + raw
+    return body + struct.pack(">b", 1 if allow_auto_create else 0)
+
+
+def parse_metadata_v4(body: bytes) -> dict:
+    """Metadata v4 response -> {brokers: [(id, host, port)], cluster_id, controller_id,
+    topics: {name: {"error_code": int, "partitions": int}}}."""
+    r = _Reader(body)
+    r.unpack(">i")  # throttle_time_ms
+    brokers = []
+    for _ in range(r.unpack(">i")):
+        node_id = r.unpack(">i")
+        host = r.string() or ""
+        port = r.unpack(">i")
+        r.string()  # rack
+        brokers.append((node_id, host, port))
+    cluster_id = r.string()
+    controller_id = r.unpack(">i")
+    topics = {}
+    for _ in range(r.unpack(">i")):
+        error_code = r.unpack(">h")
+        name = r.string() or ""
+        r.unpack(">b")  # is_internal
+        n_parts = r.unpack(">i")
+        for _ in range(n_parts):
+            r.unpack(">hii")  # error_code, partition_index, leader_id
+            for _ in range(2):  # replica_nodes, isr_nodes
+                count = r.unpack(">i")
+                r.pos += 4 * max(count, 0)
+        topics[name] = {"error_code": error_code, "partitions": max(n_parts, 0)}
+    return {"brokers": brokers, "cluster_id": cluster_id, "controller_id": controller_id,
+            "topics": topics}
+
+
+def metadata(host: str = HOST, port: int = DEFAULT_PORT, topics: Sequence[str] | None = None,
+             *, allow_auto_create: bool = False, timeout: float = 5.0) -> dict:
+    """One Metadata v4 round trip (see :func:`parse_metadata_v4`).  With
+    ``allow_auto_create`` the broker creates missing ``topics`` (if
+    auto.create.topics.enable), which makes a stdlib-only topic creation."""
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.settimeout(timeout)
+        req = _request(METADATA_KEY, 4, 7, metadata_v4_request(topics, allow_auto_create))
+        return parse_metadata_v4(_roundtrip(sock, req, 7, max_size=64 << 20))
+
+
+def probe(host: str, port: int, timeout: float = 2.0, *, check_metadata: bool = True) -> dict:
+    """One Kafka protocol round trip against host:port.
+
+    Returns a dict with ``listening`` (TCP connect worked), ``kafka`` (a
+    well-formed ApiVersions response came back), ``ready`` (error_code 0 and,
+    when ``check_metadata``, a Metadata response listing at least one alive broker)
+    and ``error`` (why not, as text)."""
+    out: dict = {"listening": False, "kafka": False, "ready": False, "error": None}
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as exc:
+        out["error"] = f"connect: {exc}"
+        return out
+    out["listening"] = True
+    try:
+        with sock:
+            sock.settimeout(timeout)
+            body = _roundtrip(sock, _request(API_VERSIONS_KEY, 0, 1), 1)
+            error_code, apis = parse_api_versions_v0(body)
+            out["kafka"] = True
+            out["api_versions_error"] = error_code
+            if error_code != 0:
+                out["error"] = f"ApiVersions error_code {error_code}"
+                return out
+            if not check_metadata:
+                out["ready"] = True
+                return out
+            lo, hi = apis.get(METADATA_KEY, (0, -1))
+            if not lo <= 4 <= hi:
+                # Cannot speak our Metadata version; ApiVersions is enough.
+                out["ready"] = True
+                return out
+            # Metadata v4 for no topic at all: just the alive brokers.
+            req = _request(METADATA_KEY, 4, 2, metadata_v4_request([]))
+            brokers = parse_metadata_v4(_roundtrip(sock, req, 2))["brokers"]
+            out["brokers"] = brokers
+            if brokers:
+                out["ready"] = True
+            else:
+                out["error"] = "Metadata lists no alive broker yet"
+    except (OSError, ValueError, struct.error, ConnectionError) as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def is_ready(port: int = DEFAULT_PORT, host: str = HOST, timeout: float = 2.0) -> bool:
+    return probe(host, port, timeout)["ready"]
+
+
+def port_is_free(port: int, host: str = HOST) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------
+# tools
+
+
+def find_java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").is_file():
+        return str(Path(home) / "bin" / "java")
+    java = shutil.which("java")
+    if not java:
+        raise BrokerError(
+            "java not found: install a JDK/JRE 17+ "
+            "(e.g. `apt-get install -y openjdk-17-jre-headless`) or set JAVA_HOME"
+        )
+    return java
+
+
+def java_major(java: str) -> int | None:
+    try:
+        res = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in (res.stderr + res.stdout).splitlines():
+        if "version" in line and '"' in line:
+            ver = line.split('"')[1]
+            head = ver.split(".")
+            try:
+                return int(head[1]) if head[0] == "1" else int(head[0].split("-")[0])
+            except (ValueError, IndexError):
+                return None
+    return None
+
+
+def check_java(version: str) -> str:
+    java = find_java()
+    need = 17 if major_version(version) >= 4 else 11
+    have = java_major(java)
+    if have is not None and have < need:
+        raise BrokerError(f"{java} is Java {have}; Kafka {version} needs Java {need}+")
+    return java
+
+
+def find_mvn() -> str:
+    mvn = shutil.which("mvn")
+    if not mvn:
+        raise BrokerError(
+            "mvn not found: install Maven (e.g. `apt-get install -y maven`) "
+            "to fetch the Kafka jars"
+        )
+    return mvn
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _tail(text: str, lines: int = 40) -> str:
+    return "\n".join(_ANSI.sub("", text).rstrip().splitlines()[-lines:])
+
+
+def tail_file(path: Path, lines: int = 60) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 256 * 1024))
+            return _tail(f.read().decode("utf-8", "replace"), lines)
+    except OSError:
+        return f"(no log at {path})"
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX
+        yield
+        return
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------
+# fetch
+
+
+def lib_dir(version: str) -> Path:
+    return kafka_home(version) / "lib"
+
+
+def log_config_path(version: str) -> Path:
+    name = "log4j2.properties" if major_version(version) >= 4 else "log4j.properties"
+    return kafka_home(version) / name
+
+
+def is_fetched(version: str) -> bool:
+    marker = lib_dir(version) / MARKER
+    try:
+        info = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False
+    wanted = [":".join(c) for c in maven_coordinates(version)]
+    if info.get("coordinates") != wanted:
+        return False
+    return all((lib_dir(version) / j).is_file() for j in info.get("jars", []))
+
+
+def write_log_config(version: str) -> Path:
+    path = log_config_path(version)
+    text = render_log4j2() if major_version(version) >= 4 else render_log4j()
+    if not path.is_file() or path.read_text() != text:
+        _atomic_write(path, text)
+    return path
+
+
+def fetch(version: str | None = None, *, quiet: bool = False) -> Path:
+    """Download Kafka ``version`` and its runtime deps into ``<cache>/kafka-<ver>/lib``.
+
+    Idempotent: a marker written after success makes later calls return at once."""
+    version = version or default_version()
+    home = kafka_home(version)
+    lib = lib_dir(version)
+    with _file_lock(home / ".fetch.lock"):
+        write_log_config(version)
+        if is_fetched(version):
+            return lib
+        mvn = find_mvn()
+        (home / "pom.xml").write_text(render_pom(version))
+        staging = home / "lib.partial"
+        shutil.rmtree(staging, ignore_errors=True)
+        cmd = [
+            mvn, "-B", "-q", "-f", str(home / "pom.xml"),
+            # -U: retry artifacts whose earlier download failed (cached misses)
+            "-U", "-Dstyle.color=never",
+            f"{DEPENDENCY_PLUGIN}:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={staging}",
+        ]
+        if not quiet:
+            print(f"rlstream broker: fetching Kafka {version} jars with mvn into {lib} ...",
+                  file=sys.stderr, flush=True)
+        t0 = time.monotonic()
+        try:
+            res = subprocess.run(cmd, cwd=home, capture_output=True, text=True, timeout=1800)
+        except subprocess.TimeoutExpired as exc:
+            raise BrokerError(f"mvn timed out after {exc.timeout:.0f}s: {' '.join(cmd)}") from None
+        if res.returncode != 0:
+            raise BrokerError(
+                f"mvn failed (exit {res.returncode}) fetching Kafka {version}:\n"
+                f"  {' '.join(cmd)}\n{_tail(res.stdout + res.stderr)}"
+            )
+        jars = sorted(p.name for p in staging.glob("*.jar"))
+        if not any(j.startswith(f"kafka_{SCALA_BINARY}-{version}") for j in jars):
+            raise BrokerError(
+                f"mvn succeeded but no kafka_{SCALA_BINARY}-{version} jar in {staging}")
+        shutil.rmtree(lib, ignore_errors=True)
+        os.replace(staging, lib)
+        info = {
+            "version": version,
+            "coordinates": [":".join(c) for c in maven_coordinates(version)],
+            "jars": jars,
+            "bytes": sum((lib / j).stat().st_size for j in jars),
+            "fetch_seconds": round(time.monotonic() - t0, 1),
+        }
+        (lib / MARKER).write_text(json.dumps(info, indent=1) + "\n")
+        if not quiet:
+            print(f"rlstream broker: {len(jars)} jars, {info['bytes'] / 1e6:.1f} MB "
+                  f"in {info['fetch_seconds']}s", file=sys.stderr, flush=True)
+        return lib
+
+
+# --------------------------------------------------------------------------
+# process helpers
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still "exists" for kill(0); treat it as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def _pid_cmdline(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return None
+
+
+class LocalKafka:
+    """A single-node KRaft Kafka broker on 127.0.0.1 managed from Python.
+
+    The data dir (default ``<cache>/kafka-<ver>/data-<port>``) holds the
+    formatted storage, server.properties, the pid/state files and logs; it
+    survives :meth:`stop`, :meth:`kill` and :meth:`restart`, so topics and
+    offsets persist across broker restarts."""
+
+    def __init__(
+        self,
+        port: int = DEFAULT_PORT,
+        version: str | None = None,
+        data_dir: str | os.PathLike | None = None,
+        *,
+        controller_port: int | None = None,
+        extra_properties: Mapping[str, object] | None = None,
+        heap: Sequence[str] = JVM_HEAP,
+        quiet: bool = False,
+    ) -> None:
+        self.port = int(port)
+        self.controller_port = int(controller_port) if controller_port else self.port + 1
+        self.version = version or default_version()
+        major_version(self.version)
+        self.data_dir = Path(data_dir).expanduser().resolve() if data_dir else (
+            kafka_home(self.version) / f"data-{self.port}")
+        self.extra_properties = dict(extra_properties or {})
+        self.heap = tuple(heap)
+        self.quiet = quiet
+        self._proc: subprocess.Popen | None = None
+
+    # -- paths
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    @property
+    def log_dirs(self) -> Path:
+        return self.data_dir / "kraft-logs"
+
+    @property
+    def properties_path(self) -> Path:
+        return self.data_dir / "server.properties"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.data_dir / PID_FILE
+
+    @property
+    def stdout_log(self) -> Path:
+        return self.data_dir / STDOUT_LOG
+
+    @property
+    def server_log(self) -> Path:
+        return self.data_dir / "logs" / "server.log"
+
+    def _say(self, msg: str) -> None:
+        if not self.quiet:
+            print(f"rlstream broker: {msg}", file=sys.stderr, flush=True)
+
+    # -- state
+    @property
+    def pid(self) -> int | None:
+        """Pid of the broker this data dir's pid file names, if it is alive."""
+        if self._proc is not None:
+            return self._proc.pid if self._proc.poll() is None else None
+        try:
+            pid = int(self.pid_path.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        if not _pid_alive(pid):
+            return None
+        cmd = _pid_cmdline(pid)
+        if cmd is not None and str(self.properties_path) not in cmd:
+            return None  # pid reused by an unrelated process
+        return pid
+
+    def is_running(self) -> bool:
+        return self.pid is not None
+
+    def is_ready(self, timeout: float = 2.0) -> bool:
+        return probe(HOST, self.port, timeout)["ready"]
+
+    def status(self) -> dict:
+        pid = self.pid
+        return {
+            "running": pid is not None,
+            "pid": pid,
+            "port": self.port,
+            "controller_port": self.controller_port,
+            "version": self.version,
+            "data_dir": str(self.data_dir),
+            "bootstrap": self.bootstrap,
+            "ready": self.is_ready(),
+        }
+
+    def log_tail(self, lines: int = 60) -> str:
+        path = self.stdout_log if self.stdout_log.exists() else self.server_log
+        return tail_file(path, lines)
+
+    # -- setup
+    def fetch(self) -> Path:
+        return fetch(self.version, quiet=self.quiet)
+
+    def is_formatted(self) -> bool:
+        return (self.log_dirs / "meta.properties").is_file()
+
+    def write_properties(self) -> Path:
+        props = server_properties(
+            port=self.port, controller_port=self.controller_port, log_dir=self.log_dirs,
+            version=self.version, extra=self.extra_properties)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.properties_path, render_properties(props))
+        return self.properties_path
+
+    def _log_opts(self) -> list[str]:
+        logcfg = log_config_path(self.version)
+        logprop = ("-Dlog4j2.configurationFile=" if major_version(self.version) >= 4
+                   else "-Dlog4j.configuration=file:") + str(logcfg)
+        return [logprop, f"-Dkafka.logs.dir={self.data_dir / 'logs'}"]
+
+    def _java_cmd(self, java: str, main: str, *args: str) -> list[str]:
+        extra = os.environ.get("RLSTREAM_KAFKA_JAVA_OPTS", "").split()
+        return [
+            java, *self.heap, "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true", *self._log_opts(), *extra,
+            "-cp", str(lib_dir(self.version) / "*"), main, *args,
+        ]
+
+    def format(self, java: str | None = None) -> None:
+        """``StorageTool format`` the log dir once (no-op when meta.properties exists)."""
+        if self.is_formatted():
+            return
+        java = java or check_java(self.version)
+        self.write_properties()
+        cid = new_cluster_id()
+        cmd = [java, "-Xmx256m", *self._log_opts(), "-cp", str(lib_dir(self.version) / "*"),
+               "kafka.tools.StorageTool", "format", "-t", cid, "-c", str(self.properties_path)]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if res.returncode != 0:
+            raise BrokerError(f"kafka StorageTool format failed (exit {res.returncode}):\n"
+                              f"{_tail(res.stdout + res.stderr)}")
+        self._say(f"formatted {self.log_dirs} (cluster id {cid})")
+
+    def wipe(self) -> None:
+        """Delete the data dir (stops our broker first)."""
+        if self.is_running():
+            self.stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def _preflight(self) -> None:
+        """Refuse ports held by something else (and say whether it is a Kafka)."""
+        for port, what in ((self.port, "broker"), (self.controller_port, "controller")):
+            p = probe(HOST, port, timeout=2.0, check_metadata=False)
+            if p["kafka"]:
+                raise PortBusyError(
+                    f"a Kafka broker not managed from {self.data_dir} already answers on "
+                    f"{HOST}:{port}", is_kafka=True)
+            if p["listening"] or not port_is_free(port):
+                raise PortBusyError(
+                    f"{what} port {HOST}:{port} is in use by something that is not Kafka "
+                    f"({p['error'] or 'bind failed'}); pick another with --port/--controller-port",
+                    is_kafka=False)
+
+    def _prepare(self) -> str:
+        java = check_java(self.version)
+        self.fetch()
+        write_log_config(self.version)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        (self.data_dir / "logs").mkdir(exist_ok=True)
+        self.format(java)
+        self.write_properties()
+        return java
+
+    # -- lifecycle
+    def start(self, timeout: float = DEFAULT_START_TIMEOUT) -> None:
+        """Fetch, format and launch the broker detached, then wait until ready.
+
+        No-op (after waiting for readiness) if this data dir's broker already
+        runs.  Raises :class:`PortBusyError` if another process holds the
+        port, :class:`BrokerError` on any failure (with the log tail)."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with _file_lock(self.data_dir / ".start.lock"):
+            self._start_locked(timeout)
+
+    def _start_locked(self, timeout: float) -> None:
+        if self.is_running():
+            self.wait_ready(timeout)
+            return
+        self._preflight()
+        java = self._prepare()
+        cmd = self._java_cmd(java, "kafka.Kafka", str(self.properties_path))
+        t0 = time.monotonic()
+        with open(self.stdout_log, "ab") as out:
+            out.write(f"\n===== rlstream broker start {time.strftime('%Y-%m-%dT%H:%M:%S')} "
+                      f"=====\n".encode())
+            out.flush()
+            self._proc = subprocess.Popen(
+                cmd, cwd=self.data_dir, stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+        self._write_state(self._proc.pid)
+        try:
+            self.wait_ready(timeout)
+        except BrokerError:
+            self.kill()
+            raise
+        self._say(f"Kafka {self.version} ready on {self.bootstrap} (pid {self._proc.pid}, "
+                  f"{time.monotonic() - t0:.1f}s, data {self.data_dir})")
+
+    def _write_state(self, pid: int) -> None:
+        _atomic_write(self.pid_path, f"{pid}\n")
+        state = {"pid": pid, "port": self.port, "controller_port": self.controller_port,
+                 "version": self.version, "data_dir": str(self.data_dir),
+                 "started_at": time.time()}
+        _atomic_write(self.data_dir / STATE_FILE, json.dumps(state, indent=1) + "\n")
+
+    def wait_ready(self, timeout: float = DEFAULT_START_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        last = None
+        while True:
+            if not self.is_running():
+                code = self._proc.returncode if self._proc is not None else None
+                raise BrokerError(
+                    f"Kafka broker exited during startup (exit {code}); log tail "
+                    f"({self.stdout_log}):\n{self.log_tail()}")
+            last = probe(HOST, self.port, timeout=2.0)
+            if last["ready"]:
+                return
+            if time.monotonic() >= deadline:
+                raise BrokerError(
+                    f"Kafka broker on {self.bootstrap} not ready after {timeout:g}s "
+                    f"(last probe: {last['error']}); log tail ({self.stdout_log}):\n"
+                    f"{self.log_tail()}")
+            time.sleep(0.25)
+
+    def run_foreground(self) -> int:
+        """Run attached (replaces this process with java; for users/compose)."""
+        self._preflight()
+        java = self._prepare()
+        cmd = self._java_cmd(java, "kafka.Kafka", str(self.properties_path))
+        self._write_state(os.getpid())  # exec keeps the pid
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.chdir(self.data_dir)
+        os.execv(java, cmd)
+        return 0  # pragma: no cover
+
+    def _signal(self, pid: int, sig: int) -> None:
+        try:
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _wait_exit(self, pid: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.pid == pid:
+                if self._proc.poll() is not None:
+                    return True
+            elif not _pid_alive(pid):
+                return True
+            time.sleep(0.1)
+        return False
+
+    def _cleanup(self) -> None:
+        for name in (PID_FILE, STATE_FILE):
+            with contextlib.suppress(FileNotFoundError):
+                (self.data_dir / name).unlink()
+        self._proc = None
+
+    def stop(self, timeout: float = DEFAULT_STOP_TIMEOUT) -> bool:
+        """SIGTERM the broker's process group, SIGKILL after ``timeout``.
+
+        Returns True if a broker was running.  The data dir is kept."""
+        pid = self.pid
+        if pid is None:
+            self._cleanup()
+            return False
+        self._signal(pid, signal.SIGTERM)
+        if not self._wait_exit(pid, timeout):
+            self._say(f"broker pid {pid} did not exit in {timeout:.0f}s; SIGKILL")
+            self._signal(pid, signal.SIGKILL)
+            self._wait_exit(pid, 10)
+        self._cleanup()
+        self._wait_port_free()
+        return True
+
+    def kill(self) -> bool:
+        """SIGKILL the broker at once (crash simulation); data dir kept."""
+        pid = self.pid
+        if pid is None:
+            self._cleanup()
+            return False
+        self._signal(pid, signal.SIGKILL)
+        self._wait_exit(pid, 10)
+        self._cleanup()
+        self._wait_port_free()
+        return True
+
+    def _wait_port_free(self, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if port_is_free(self.port) and port_is_free(self.controller_port):
+                return
+            time.sleep(0.1)
+
+    def restart(self, timeout: float = DEFAULT_START_TIMEOUT) -> None:
+        """Stop (gracefully) and start again on the same data dir."""
+        self.stop()
+        self.start(timeout)
+
+    def __enter__(self) -> "LocalKafka":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return (f"LocalKafka(port={self.port}, version={self.version!r}, "
+                f"data_dir='{self.data_dir}')")
+
+
+# --------------------------------------------------------------------------
+# CLI
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rlstream broker",
+        description="Run a local single-node Apache Kafka (KRaft) broker without Docker.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser, with_port: bool = True) -> None:
+        p.add_argument("--version", default=None,
+                       help=f"Kafka version (env RLSTREAM_KAFKA_VERSION, default {KAFKA_VERSION})")
+        if with_port:
+            p.add_argument("--port", type=int, default=DEFAULT_PORT,
+                           help=f"broker port on {HOST} (default {DEFAULT_PORT})")
+            p.add_argument("--controller-port", type=int, default=None,
+                           help="KRaft controller port (default port+1)")
+            p.add_argument("--data-dir", default=None,
+                           help="data dir (default <cache>/kafka-<ver>/data-<port>)")
+
+    p = sub.add_parser("fetch", help="download the Kafka jars with mvn (idempotent)")
+    common(p, with_port=False)
+    p = sub.add_parser("start", help="format storage if needed, start, wait until ready")
+    common(p)
+    p.add_argument("--fresh", action="store_true", help="wipe the data dir first")
+    p.add_argument("--foreground", action="store_true", help="run attached (exec java)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_START_TIMEOUT,
+                   help="seconds to wait for readiness (default 120)")
+    p = sub.add_parser("stop", help="stop the broker (SIGTERM, then SIGKILL)")
+    common(p)
+    p.add_argument("--timeout", type=float, default=DEFAULT_STOP_TIMEOUT,
+                   help="seconds before SIGKILL (default 30)")
+    p = sub.add_parser("status", help="print JSON status")
+    common(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    version = args.version or default_version()
+    try:
+        if args.command == "fetch":
+            lib = fetch(version)
+            info = json.loads((lib / MARKER).read_text())
+            print(json.dumps({"version": version, "lib": str(lib), "jars": len(info["jars"]),
+                              "bytes": info["bytes"]}))
+            return 0
+        kafka = LocalKafka(port=args.port, version=version, data_dir=args.data_dir,
+                           controller_port=args.controller_port)
+        if args.command == "status":
+            print(json.dumps(kafka.status()))
+            return 0
+        if args.command == "stop":
+            if kafka.stop(timeout=args.timeout):
+                print(f"rlstream broker: stopped broker on {kafka.bootstrap}", file=sys.stderr)
+            else:
+                print(f"rlstream broker: no broker running from {kafka.data_dir}",
+                      file=sys.stderr)
+            return 0
+        if args.command == "start":
+            if args.fresh:
+                kafka.wipe()
+            if kafka.is_running():
+                kafka.wait_ready(args.timeout)
+                print(f"rlstream broker: already running on {kafka.bootstrap} "
+                      f"(pid {kafka.pid})", file=sys.stderr)
+                return 0
+            try:
+                if args.foreground:
+                    return kafka.run_foreground()
+                kafka.start(timeout=args.timeout)
+            except PortBusyError as exc:
+                if exc.is_kafka:
+                    print(f"rlstream broker: {exc}; using it as is", file=sys.stderr)
+                    return 0
+                raise
+            print(kafka.bootstrap)
+            return 0
+    except BrokerError as exc:
+        print(f"rlstream broker: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""``rlstream`` command line: parses arguments once into typed config and hands it to a role."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from rlstream.obs.ports import DEFAULT_PORTS, KNOWN_COMMANDS
+
+
+def _kv(items: list[str] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise SystemExit(f"--set expects key=value, got {item!r}")
+        k, v = item.split("=", 1)
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bus", choices=["memory", "kafka"], default=None,
+                   help="bus backend (default: memory for colocated, kafka otherwise; env RLSTREAM_BUS)")
+    p.add_argument("--bootstrap", default=None, help="Kafka bootstrap servers (env KAFKA_BROKERS)")
+    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus/health port; -1 disables")
+    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-json", action="store_true", help="JSON log lines (default: console)")
+    p.add_argument("--run-id", default="")
+
+
+def _add_training(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--algo", default="ppo", choices=["ppo", "grpo", "dapo", "agro", "tba"])
+    p.add_argument("--env", dest="env_id", default="HalfCheetah-v5")
+    p.add_argument("--total-steps", type=int, default=100_000)
+    p.add_argument("--num-actors", type=int, default=1)
+    p.add_argument("--num-envs", type=int, default=None, help="envs per actor (default 1; GRPO/DAPO: 8)")
+    p.add_argument("--fragment-steps", type=int, default=None)
+    p.add_argument("--train-batch-size", type=int, default=2048)
+    p.add_argument("--group-size", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="algorithm config override")
+    p.add_argument("--run-dir", type=Path, default=Path("runs/latest"))
+    p.add_argument("--snapshot-store", default=None, help="path, file:// or redis:// URL")
+    p.add_argument("--snapshot-every", type=int, default=10)
+    p.add_argument("--resume", action="store_true", help="resume from the newest snapshot")
+    p.add_argument("--plot", action="store_true", help="write <run-dir>/returns.png")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--max-versions", type=int, default=None, help="staleness window K")
+    p.add_argument("--max-ms", type=int, default=None, help="staleness window T (ms)")
+    p.add_argument("--log-every", type=float, default=5.0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlstream", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train (co-located by default)")
+    p.add_argument("--mode", choices=["colocated", "decoupled"], default="colocated")
+    _add_common(p)
+    _add_training(p)
+
+    p = sub.add_parser("actor", help="decoupled actor process")
+    _add_common(p)
+    _add_training(p)
+    p.add_argument("--index", type=int, default=0, help="actor index (its id is actor-<index>)")
+
+    p = sub.add_parser("learner", help="decoupled learner process")
+    _add_common(p)
+    _add_training(p)
+
+    p = sub.add_parser("serve", help="policy server following PolicyVersion events")
+    _add_common(p)
+    p.add_argument("--policy-id", default="policy")
+    p.add_argument("--port", type=int, default=DEFAULT_PORTS["serve"])
+
+    p = sub.add_parser("replay", help="replay a historical topic (offline DPO)")
+    _add_common(p)
+    p.add_argument("--topic", default="rl.samples.raw")
+    p.add_argument("--from-beginning", action="store_true", help="replay from offset 0 (default)")
+    p.add_argument("--build-preferences", action="store_true", default=True)
+    p.add_argument("--train-dpo", action="store_true", help="train a DPO policy on the rebuilt pairs")
+    p.add_argument("--beta", type=float, default=0.1)
+    p.add_argument("--segment", type=int, default=32, help="segment length of preference pairs")
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--out", type=Path, default=Path("runs/dpo"))
+
+    p = sub.add_parser("subscribe", help="follow an event stream (e.g. policies)")
+    _add_common(p)
+    p.add_argument("what", choices=["policies", "steps", "deadletters"])
+    p.add_argument("--from-version", type=int, default=None, help="start at this policy version")
+    p.add_argument("--count", type=int, default=None, help="stop after this many events")
+    p.add_argument("--timeout", type=float, default=None, help="stop after this many idle seconds")
+
+    p = sub.add_parser("rollback", help="republish a snapshot as the newest policy version")
+    _add_common(p)
+    p.add_argument("--to", dest="to_version", type=int, required=True)
+    p.add_argument("--algo", default="ppo")
+    p.add_argument("--env", dest="env_id", default="HalfCheetah-v5")
+    p.add_argument("--run-dir", type=Path, default=Path("runs/latest"))
+    p.add_argument("--snapshot-store", default=None)
+
+    sub.add_parser("broker", help="local Apache Kafka broker (start|stop|status|fetch)", add_help=False)
+    assert set(sub.choices) == set(KNOWN_COMMANDS), "CLI and rlstream.obs.ports.KNOWN_COMMANDS disagree"
+    return parser
+
+
+def train_config(a: argparse.Namespace, default_bus: str = "memory"):
+    from rlstream.config import BusConfig, StreamsConfig, TrainConfig
+
+    num_envs = a.num_envs if a.num_envs is not None else (8 if a.algo in ("grpo", "dapo") else 1)
+    bus = BusConfig.from_env(kind=a.bus or None, bootstrap=a.bootstrap)
+    if a.bus is None and getattr(a, "mode", None) == "colocated":
+        bus = BusConfig(kind="memory", bootstrap=bus.bootstrap)
+    elif a.bus is None and default_bus == "kafka":
+        bus = BusConfig(kind="kafka", bootstrap=bus.bootstrap)
+    return TrainConfig(
+        mode=getattr(a, "mode", "decoupled"), algo=a.algo, env_id=a.env_id, total_steps=a.total_steps,
+        num_actors=a.num_actors, num_envs=num_envs, fragment_steps=a.fragment_steps,
+        train_batch_size=a.train_batch_size, seed=a.seed, group_size=a.group_size,
+        algo_overrides=_kv(a.set), run_dir=a.run_dir, run_id=a.run_id, snapshot_store=a.snapshot_store,
+        snapshot_every=a.snapshot_every, resume=a.resume, plot=a.plot, metrics_port=a.metrics_port,
+        log_every_s=a.log_every, device=a.device,
+        streams=StreamsConfig(max_versions=a.max_versions, max_ms=a.max_ms), bus=bus,
+    )
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+
+    def handler(signum, frame) -> None:
+        stop.set()
+
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, handler)
+    return stop
+
+
+def _serve_metrics(metrics, port: int | None, role: str):
+    from rlstream.obs.http import HealthChecks, MetricsServer
+
+    if port == -1:
+        return None, HealthChecks()
+    health = HealthChecks()
+    server = MetricsServer(metrics, health, host="127.0.0.1" if role == "colocated" else "0.0.0.0",
+                           port=DEFAULT_PORTS[role] if port is None else port)
+    try:
+        server.start()
+    except OSError as e:
+        print(f"warning: metrics server not started on port {port}: {e}", file=sys.stderr)
+        return None, health
+    return server, health
+
+
+def cmd_train(a: argparse.Namespace) -> int:
+    from rlstream.obs.logging import configure_logging, get_logger
+    from rlstream.obs.metrics import Metrics
+
+    cfg = train_config(a)
+    configure_logging(role=cfg.mode, run_id=cfg.effective_run_id(), level=a.log_level, json=a.log_json)
+    log = get_logger("rlstream.train")
+    stop = _stop_on_signals()
+    if cfg.mode == "colocated":
+        from rlstream.colocated import run_colocated
+
+        metrics = Metrics(role="colocated")
+        server, _ = _serve_metrics(metrics, cfg.metrics_port, "colocated")
+        try:
+            summary = run_colocated(cfg, log=log, stop=stop, metrics=metrics)
+        finally:
+            if server is not None:
+                server.stop()
+    else:
+        from rlstream.decoupled import run_decoupled
+
+        summary = run_decoupled(cfg, log=log, stop=stop)
+    print(json.dumps({"summary": summary}, indent=2))
+    return 0
+
+
+def cmd_role(a: argparse.Namespace) -> int:
+    from rlstream import decoupled
+    from rlstream.obs.logging import configure_logging, get_logger
+    from rlstream.obs.metrics import Metrics
+
+    cfg = train_config(a, default_bus="kafka")
+    role = a.command
+    configure_logging(role=role, run_id=cfg.effective_run_id(), level=a.log_level, json=a.log_json)
+    log = get_logger(f"rlstream.{role}")
+    stop = _stop_on_signals()
+    metrics = Metrics(role=role)
+    server, health = _serve_metrics(metrics, cfg.metrics_port, role)
+    try:
+        if role == "actor":
+            summary = decoupled.run_actor(cfg, a.index, log=log, stop=stop, metrics=metrics, health=health)
+        else:
+            summary = decoupled.run_learner(cfg, log=log, stop=stop, metrics=metrics, health=health)
+    finally:
+        if server is not None:
+            server.stop()
+    print(json.dumps({"summary": summary}))
+    return 0
+
+
+def cmd_subscribe(a: argparse.Namespace) -> int:
+    from rlstream.config import BusConfig
+    from rlstream.subscribe import follow
+
+    bus = BusConfig.from_env(kind=a.bus or "kafka", bootstrap=a.bootstrap)
+    stop = _stop_on_signals()
+    for line in follow(bus, a.what, from_version=a.from_version, count=a.count, idle_timeout=a.timeout, stop=stop):
+        print(json.dumps(line), flush=True)
+    return 0
+
+
+def cmd_replay(a: argparse.Namespace) -> int:
+    from rlstream.config import BusConfig
+    from rlstream.replay import run_replay
+
+    bus = BusConfig.from_env(kind=a.bus or "kafka", bootstrap=a.bootstrap)
+    summary = run_replay(bus, topic=a.topic, segment=a.segment, train=a.train_dpo, beta=a.beta,
+                         epochs=a.epochs, out=a.out)
+    print(json.dumps({"summary": summary}, indent=2))
+    return 0
+
+
+def cmd_rollback(a: argparse.Namespace) -> int:
+    from rlstream.config import BusConfig
+    from rlstream.rollback import rollback
+
+    bus = BusConfig.from_env(kind=a.bus or "kafka", bootstrap=a.bootstrap)
+    store = a.snapshot_store or str(a.run_dir / "snapshots")
+    result = rollback(bus, store, a.to_version, algo=a.algo, env_id=a.env_id)
+    print(json.dumps(result))
+    return 0
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    from rlstream.config import BusConfig
+    from rlstream.serve import serve
+
+    bus = BusConfig.from_env(kind=a.bus or "kafka", bootstrap=a.bootstrap)
+    return serve(bus, policy_id=a.policy_id, port=a.port, stop=_stop_on_signals())
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "broker":
+        from rlstream.broker import main as broker_main
+
+        return broker_main(argv[1:])
+    a = build_parser().parse_args(argv)
+    handlers = {"train": cmd_train, "actor": cmd_role, "learner": cmd_role, "subscribe": cmd_subscribe,
+                "replay": cmd_replay, "rollback": cmd_rollback, "serve": cmd_serve}
+    return handlers[a.command](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

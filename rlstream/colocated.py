@@ -1,0 +1,93 @@
+"""Co-located mode: actors, stream processor and learner in one process over the memory bus.
+
+The roles are the same objects decoupled mode runs in separate processes; here one driver
+steps them in turn (Sample Factory's serial mode): actor fragments -> prepare -> learner
+update -> new PolicyVersion -> actors adopt it before their next fragment. On-policy data
+therefore stays fresh (policy lag 0 for the PPO family) and every event is still on a topic.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+from rlstream import wiring
+from rlstream.config import TrainConfig
+from rlstream.obs.metrics import Metrics
+from rlstream.progress import Progress
+from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW
+
+
+def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | None = None,
+                  metrics: Metrics | None = None, bus=None) -> dict[str, Any]:
+    stop = stop or threading.Event()
+    metrics = metrics or Metrics(role="colocated")
+    bus = bus or wiring.build_bus(cfg)
+    events = wiring.build_events(bus, metrics)
+    info = wiring.env_info(cfg)
+    algo = wiring.build_algo(cfg, info.obs_dim, info.act_dim)
+    progress = Progress(total_steps=cfg.total_steps, log_every_s=cfg.log_every_s, log=log)
+
+    learner_ref: dict[str, Any] = {}
+
+    def on_batch(batch, seconds: float) -> None:
+        lr = learner_ref.get("learner")
+        lag = (lr.version - batch.policy_version) if lr is not None else 0
+        progress.on_batch(batch.size, batch.episode_returns, lag)
+
+    def on_update(learner, m, seconds) -> None:
+        progress.updates = learner.stats.updates
+        progress.version = learner.version
+
+    learner = wiring.build_learner(cfg, events, metrics, algo, on_update=on_update)
+    learner_ref["learner"] = learner
+    learner.start(resume=cfg.resume)
+    if cfg.resume and learner.stats.updates:
+        progress.steps = learner.stats.updates * cfg.train_batch_size
+        progress.updates = learner.stats.updates
+    progress.version = learner.version
+    worker = wiring.build_prepare_worker(cfg, events, metrics, algo.default_staleness_k)
+    actors = [wiring.build_actor(cfg, events, metrics, i, on_batch=on_batch, log=log)
+              for i in range(cfg.num_actors)]
+    if log is not None:
+        log.info("train_start", **wiring.describe(cfg), policy_version=learner.version)
+    try:
+        while progress.steps < cfg.total_steps and not stop.is_set():
+            for a in actors:
+                a.step()
+            while worker.step(0.0):
+                pass
+            learner.step(0.0)
+            progress.maybe_log()
+        progress.maybe_log(force=True)
+    finally:
+        for a in actors:
+            a.close()
+        if learner.snapshots is not None and learner.stats.updates:
+            learner.snapshot()
+        learner.close()
+        worker.close()
+    summary = progress.summary()
+    stats = worker.stats_dict() if hasattr(worker, "stats_dict") else {}
+    summary.update({
+        "mode": "colocated", "algo": cfg.algo, "env": cfg.env_id,
+        "events": {t: sum(bus.end_offsets(t).values())
+                   for t in (POLICY_VERSIONS, SAMPLES_RAW, SAMPLES_PREPARED, LEARNER_STEPS, DEADLETTER)},
+        "streams": stats,
+        "duplicates_skipped": learner.stats.duplicates_skipped,
+        "env_rejected_fragments": sum(a.rejected for a in actors),
+    })
+    summary.update(progress.write(cfg.run_dir, cfg.plot, f"{cfg.algo} on {cfg.env_id} (co-located)"))
+    (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def wait_until(pred, timeout: float, interval: float = 0.01) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(interval)
+    return pred()

@@ -1,0 +1,190 @@
+"""Decoupled mode: actors, the Faust stream processors and the learner as separate processes
+over Kafka. ``run_actor``/``run_learner`` are the process bodies of ``rlstream actor`` and
+``rlstream learner``; ``run_decoupled`` starts all of them locally (``rlstream train --mode
+decoupled``) and stops them when the learner has spent its budget."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from rlstream import wiring
+from rlstream.config import TrainConfig
+from rlstream.obs.metrics import Metrics
+from rlstream.obs.ports import ENV_KAFKA_BROKERS, ENV_METRICS_PORT
+from rlstream.progress import Progress
+from streams.topics import SAMPLES_RAW
+
+
+def _consumer_lag_gauge(metrics: Metrics, bus, group: str, topic: str):
+    def lag() -> float:
+        value = float(bus.group_lag(group, topic)) if hasattr(bus, "group_lag") else 0.0
+        metrics.set_consumer_lag(group, topic, value)
+        return value
+    return lag
+
+
+def run_actor(cfg: TrainConfig, index: int, log: Any = None, stop: threading.Event | None = None,
+              metrics: Metrics | None = None, health: Any = None) -> dict[str, Any]:
+    stop = stop or threading.Event()
+    bus = wiring.build_bus(cfg)
+    events = wiring.build_events(bus, metrics)
+    progress = Progress(total_steps=cfg.total_steps, log_every_s=cfg.log_every_s, log=log)
+
+    def on_batch(batch, seconds: float) -> None:
+        progress.on_batch(batch.size, batch.episode_returns, 0)
+        progress.version = batch.policy_version
+        if health is not None:
+            health.heartbeat("loop")
+
+    actor = wiring.build_actor(cfg, events, metrics, index, on_batch=on_batch, log=log)
+    if health is not None:
+        health.register("policy", lambda: (actor.subscriber.policy is not None,
+                                           {"version": actor.subscriber.version}))
+    try:
+        while not stop.is_set():
+            if actor.step(policy_timeout=0.5 if actor.subscriber.policy is None else 0.0) is None:
+                continue
+            bus.flush()
+            progress.maybe_log()
+    finally:
+        actor.close()
+        bus.flush()
+        bus.close()
+    return {"role": "actor", "actor_id": actor.config.actor_id, "steps": progress.steps, "seq": actor.seq,
+            "rejected_fragments": actor.rejected, "policy_versions_adopted": actor.subscriber.adopted}
+
+
+def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None = None,
+                metrics: Metrics | None = None, health: Any = None) -> dict[str, Any]:
+    from learner.circuit_breaker import CircuitBreaker
+
+    stop = stop or threading.Event()
+    bus = wiring.build_bus(cfg)
+    events = wiring.build_events(bus, metrics)
+    info = wiring.env_info(cfg)
+    algo = wiring.build_algo(cfg, info.obs_dim, info.act_dim)
+    progress = Progress(total_steps=cfg.total_steps, log_every_s=cfg.log_every_s, log=log)
+    metrics = metrics or Metrics(role="learner")
+    breaker = CircuitBreaker(open_above=cfg.breaker_open_above, close_below=cfg.breaker_close_below,
+                             min_open_s=1.0)
+    lag = _consumer_lag_gauge(metrics, bus, "rlstream-streams", SAMPLES_RAW)
+
+    def on_update(learner, m, seconds) -> None:
+        progress.updates = learner.stats.updates
+        progress.version = learner.version
+        progress.steps = learner.stats.samples_trained
+        if health is not None:
+            health.heartbeat("loop")
+
+    learner = wiring.build_learner(cfg, events, metrics, algo, on_update=on_update, breaker=breaker,
+                                   lag_signal=lag)
+    learner.start(resume=cfg.resume)
+    max_updates = max(1, cfg.total_steps // cfg.train_batch_size)
+    try:
+        while not stop.is_set() and learner.stats.updates < max_updates:
+            learner.step(0.2)
+            progress.maybe_log()
+        progress.maybe_log(force=True)
+    finally:
+        if learner.stats.updates:
+            learner.snapshot()
+        learner.close()
+        bus.flush()
+        bus.close()
+    return {"role": "learner", "updates": learner.stats.updates, "final_version": learner.version,
+            "samples_trained": learner.stats.samples_trained,
+            "duplicates_skipped": learner.stats.duplicates_skipped,
+            "breaker_trips": breaker.trips,
+            "last_metrics": learner.stats.last_metrics}
+
+
+def _role_cmd(role: str, cfg: TrainConfig, extra: list[str]) -> list[str]:
+    base = [sys.executable, "-m", "rlstream.cli", role, "--bus", "kafka", "--bootstrap", cfg.bus.bootstrap,
+            "--algo", cfg.algo, "--env", cfg.env_id, "--total-steps", str(cfg.total_steps),
+            "--num-envs", str(cfg.num_envs), "--train-batch-size", str(cfg.train_batch_size),
+            "--seed", str(cfg.seed), "--run-dir", str(cfg.run_dir), "--log-every", str(cfg.log_every_s),
+            "--run-id", cfg.effective_run_id(), "--metrics-port", "-1", "--log-json"]
+    if cfg.fragment_steps:
+        base += ["--fragment-steps", str(cfg.fragment_steps)]
+    for k, v in cfg.algo_overrides.items():
+        base += ["--set", f"{k}={json.dumps(v)}"]
+    return base + extra
+
+
+def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | None = None) -> dict[str, Any]:
+    """Start the learner, the Faust worker and ``num_actors`` actors; wait for the learner."""
+    stop = stop or threading.Event()
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env[ENV_KAFKA_BROKERS] = cfg.bus.bootstrap
+    env.pop(ENV_METRICS_PORT, None)
+    env.update(streams_env(cfg))
+    logs: list[Path] = []
+    procs: dict[str, subprocess.Popen] = {}
+
+    def spawn(name: str, cmd: list[str]) -> None:
+        path = cfg.run_dir / f"{name}.log"
+        logs.append(path)
+        procs[name] = subprocess.Popen(cmd, stdout=path.open("w"), stderr=subprocess.STDOUT, env=env,
+                                       start_new_session=True)
+
+    bus = wiring.build_bus(cfg)  # create the topics before anyone subscribes
+    bus.close()
+    spawn("learner", _role_cmd("learner", cfg, []))
+    spawn("streams", [sys.executable, "-m", "faust", "-A", "streams", "worker", "-l", "warning",
+                      "--without-web"])
+    for i in range(cfg.num_actors):
+        spawn(f"actor-{i}", _role_cmd("actor", cfg, ["--index", str(i)]))
+    if log is not None:
+        log.info("decoupled_started", processes=sorted(procs), logs=str(cfg.run_dir))
+    rc = None
+    try:
+        while not stop.is_set():
+            rc = procs["learner"].poll()
+            if rc is not None:
+                break
+            dead = [n for n, p in procs.items() if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"process(es) {dead} exited early; see their logs in {cfg.run_dir}")
+            time.sleep(0.5)
+    finally:
+        for name, p in procs.items():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for name, p in procs.items():
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    summaries = {}
+    for name in procs:
+        text = (cfg.run_dir / f"{name}.log").read_text(errors="replace")
+        for line in reversed(text.splitlines()):
+            if line.startswith('{"summary"'):
+                summaries[name] = json.loads(line)["summary"]
+                break
+    summary = {"mode": "decoupled", "learner_exit": rc, "processes": summaries,
+               "exit_codes": {n: p.returncode for n, p in procs.items()}}
+    (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def streams_env(cfg: TrainConfig) -> dict[str, str]:
+    """Settings the Faust worker reads (it is started by faust's own CLI, so they go by env)."""
+    from agents.registry import ALGORITHMS
+
+    algo_cls = ALGORITHMS[cfg.algo][1]
+    k = cfg.streams.max_versions if cfg.streams.max_versions is not None else algo_cls.default_staleness_k
+    out = {"RLSTREAM_STALENESS_K": str(k), "RLSTREAM_STALENESS_MODE": cfg.streams.staleness_mode}
+    if cfg.streams.max_ms is not None:
+        out["RLSTREAM_STALENESS_MS"] = str(cfg.streams.max_ms)
+    return out

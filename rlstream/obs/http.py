@@ -1,0 +1,349 @@
+"""One small HTTP server per process: ``/metrics``, ``/healthz``, ``/readyz``.
+
+Usage at an entry point::
+
+    health = HealthChecks(heartbeat_timeout_s=30)
+    health.register("bus", lambda: (bus.connected, {"brokers": brokers}))
+    health.register("policy", lambda: (actor.version is not None, {"version": actor.version}))
+    server = MetricsServer(metrics, health, port=metrics_port("actor")).start()
+    try:
+        while not stop.is_set():
+            actor.step()
+            health.heartbeat("loop")      # liveness: the loop is making progress
+    finally:
+        server.stop()
+
+* ``/metrics``: the ``Metrics`` registry in Prometheus text format (OpenMetrics
+  when the scraper asks for it).
+* ``/healthz`` (liveness): 200 while every expected heartbeat is younger than its
+  timeout, 503 otherwise. A heartbeat is expected from its first
+  ``heartbeat()`` or from ``expect_heartbeat()`` (which starts the clock at once,
+  so a loop that never starts also fails). No heartbeats: 200.
+* ``/readyz`` (readiness): 200 when every registered check passes, 503
+  otherwise; the JSON body has each check's ``ok`` and ``detail``. A check that
+  raises counts as failed. Checks run on the request thread: keep them cheap
+  (read state, do not do network round trips).
+
+The server is a stdlib ``ThreadingHTTPServer`` in a daemon thread; ``stop()``
+shuts the loop down, closes the socket (the port is free again) and joins the
+thread. ``port=0`` binds a free port; ``.port`` tells which. Extra routes
+(``add_route``) let ``rlstream serve`` put its inference endpoints on the same
+port.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+from rlstream.obs.logging import get_logger
+
+__all__ = [
+    "HealthChecks",
+    "MetricsServer",
+    "Request",
+    "Response",
+    "json_response",
+]
+
+_log = get_logger(__name__)
+
+#: A readiness check: returns ``(ok, detail)`` (detail JSON-serialisable) or just ``ok``.
+Check = Callable[[], "tuple[bool, Any] | bool"]
+
+
+@dataclass(frozen=True)
+class _Heartbeat:
+    last: float
+    timeout_s: float
+
+
+class HealthChecks:
+    """Liveness heartbeats and readiness checks of one process.
+
+    Args:
+        heartbeat_timeout_s: default age after which a heartbeat counts as missed.
+        clock: monotonic clock in seconds (tests pass a fake).
+    """
+
+    def __init__(
+        self,
+        heartbeat_timeout_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if heartbeat_timeout_s <= 0:
+            raise ValueError("heartbeat_timeout_s must be positive")
+        self._default_timeout = heartbeat_timeout_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._checks: dict[str, Check] = {}
+        self._beats: dict[str, _Heartbeat] = {}
+
+    # -- readiness -------------------------------------------------------
+
+    def register(self, name: str, fn: Check) -> None:
+        """Add (or replace) readiness check ``name``."""
+        with self._lock:
+            self._checks[name] = fn
+
+    def unregister(self, name: str) -> None:
+        with self._lock:
+            self._checks.pop(name, None)
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """``(all_ok, {"status": ..., "checks": {name: {"ok", "detail"}}})``."""
+        with self._lock:
+            checks = list(self._checks.items())
+        results: dict[str, dict[str, Any]] = {}
+        for name, fn in checks:
+            try:
+                out = fn()
+                if isinstance(out, tuple):
+                    ok, detail = out
+                else:
+                    ok, detail = out, None
+                ok = bool(ok)
+            except Exception as exc:  # a broken check means not ready, never a 500
+                ok, detail = False, f"{type(exc).__name__}: {exc}"
+            results[name] = {"ok": ok, "detail": detail}
+        all_ok = all(r["ok"] for r in results.values())
+        return all_ok, {"status": "ok" if all_ok else "fail", "checks": results}
+
+    # -- liveness --------------------------------------------------------
+
+    def expect_heartbeat(self, name: str, timeout_s: float | None = None) -> None:
+        """Expect heartbeats from ``name``; the first one is due within ``timeout_s`` from now."""
+        timeout = self._default_timeout if timeout_s is None else timeout_s
+        if timeout <= 0:
+            raise ValueError("timeout_s must be positive")
+        with self._lock:
+            self._beats[name] = _Heartbeat(self._clock(), timeout)
+
+    def heartbeat(self, name: str = "loop") -> None:
+        """Record that loop ``name`` made progress now."""
+        now = self._clock()
+        with self._lock:
+            prev = self._beats.get(name)
+            timeout = prev.timeout_s if prev else self._default_timeout
+            self._beats[name] = _Heartbeat(now, timeout)
+
+    def forget_heartbeat(self, name: str) -> None:
+        """Stop expecting ``name`` (a loop that ended on purpose)."""
+        with self._lock:
+            self._beats.pop(name, None)
+
+    def liveness(self) -> tuple[bool, dict[str, Any]]:
+        """``(alive, {"status": ..., "heartbeats": {name: {"ok", "age_s", "timeout_s"}}})``."""
+        now = self._clock()
+        with self._lock:
+            beats = dict(self._beats)
+        results = {}
+        for name, hb in beats.items():
+            age = now - hb.last
+            results[name] = {"ok": age <= hb.timeout_s, "age_s": round(age, 3), "timeout_s": hb.timeout_s}
+        alive = all(r["ok"] for r in results.values())
+        return alive, {"status": "ok" if alive else "fail", "heartbeats": results}
+
+
+@dataclass(frozen=True)
+class Request:
+    """An HTTP request as extra route handlers see it."""
+
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int = 200
+    body: bytes = b""
+    content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    """A JSON response (values that JSON cannot encode are written with ``str``)."""
+    return Response(status, (json.dumps(obj, default=str) + "\n").encode("utf-8"))
+
+
+Handler = Callable[[Request], Response]
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, addr: tuple[str, int], owner: MetricsServer) -> None:
+        self.owner = owner
+        super().__init__(addr, _RequestHandler)
+
+
+class _RequestHandler(BaseHTTPRequestHandler):
+    server: _Server
+    server_version = "rlstream"
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_HEAD(self) -> None:
+        self._dispatch("HEAD")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def _dispatch(self, method: str) -> None:
+        parts = urlsplit(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length > 0 else b""
+        req = Request(
+            method=method,
+            path=parts.path,
+            query=parse_qs(parts.query),
+            headers={k.lower(): v for k, v in self.headers.items()},
+            body=body,
+        )
+        try:
+            resp = self.server.owner._handle(req)
+        except Exception as exc:
+            _log.exception("http_handler_failed", path=req.path, method=method)
+            resp = json_response({"error": f"{type(exc).__name__}: {exc}"}, status=500)
+        self.send_response(resp.status)
+        self.send_header("Content-Type", resp.content_type)
+        self.send_header("Content-Length", str(len(resp.body)))
+        for k, v in resp.headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        if method != "HEAD":
+            self.wfile.write(resp.body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        # Scrapes and probes every few seconds would drown the logs.
+        pass
+
+
+class MetricsServer:
+    """HTTP server for ``/metrics``, ``/healthz``, ``/readyz`` (and extra routes).
+
+    Args:
+        metrics: a ``rlstream.obs.metrics.Metrics`` (anything with ``.registry``)
+            or a prometheus ``Collector``/``CollectorRegistry``.
+        health: the process's ``HealthChecks``; a fresh, empty one if omitted.
+        host: address to bind (``0.0.0.0`` in containers, ``127.0.0.1`` in tests).
+        port: port to bind; 0 picks a free one (see ``.port`` after ``start()``).
+    """
+
+    def __init__(
+        self,
+        metrics: Any,
+        health: HealthChecks | None = None,
+        host: str = "0.0.0.0",
+        port: int = 0,
+    ) -> None:
+        registry = getattr(metrics, "registry", metrics)
+        if not hasattr(registry, "collect"):
+            raise TypeError("metrics must be a Metrics object or a prometheus Collector")
+        self._registry: Collector = registry
+        self.health = health if health is not None else HealthChecks()
+        self._host = host
+        self._requested_port = port
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._routes: dict[tuple[str, str], Handler] = {}
+        self._lock = threading.Lock()
+
+    # -- lifecycle -------------------------------------------------------
+
+    def start(self) -> MetricsServer:
+        """Bind and serve in a daemon thread. Returns ``self``."""
+        with self._lock:
+            if self._server is not None:
+                raise RuntimeError("server already started")
+            server = _Server((self._host, self._requested_port), self)
+            thread = threading.Thread(
+                target=server.serve_forever,
+                kwargs={"poll_interval": 0.1},
+                name=f"rlstream-http-{server.server_address[1]}",
+                daemon=True,
+            )
+            thread.start()
+            self._server, self._thread = server, thread
+        _log.info("http_server_started", host=self._host, port=self.port)
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop serving, release the port and join the thread (idempotent)."""
+        with self._lock:
+            server, thread = self._server, self._thread
+            self._server, self._thread = None, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        if thread is not None:
+            thread.join(timeout_s)
+        _log.info("http_server_stopped", port=server.server_address[1])
+
+    @property
+    def running(self) -> bool:
+        return self._server is not None
+
+    @property
+    def port(self) -> int:
+        """The bound port (only while running)."""
+        if self._server is None:
+            raise RuntimeError("server not running")
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self._host in ("0.0.0.0", "") else self._host
+        return f"http://{host}:{self.port}"
+
+    def __enter__(self) -> MetricsServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -- routing ---------------------------------------------------------
+
+    def add_route(self, method: str, path: str, handler: Handler) -> None:
+        """Serve ``handler`` at ``method path`` (e.g. ``"POST", "/act"`` for ``rlstream serve``)."""
+        if path in ("/metrics", "/healthz", "/readyz"):
+            raise ValueError(f"{path} is reserved")
+        self._routes[(method.upper(), path)] = handler
+
+    def _handle(self, req: Request) -> Response:
+        method = "GET" if req.method == "HEAD" else req.method
+        if req.path in ("/metrics", "/healthz", "/readyz"):
+            if method != "GET":
+                return json_response({"error": "method not allowed"}, status=405)
+            if req.path == "/metrics":
+                encoder, content_type = choose_encoder(req.headers.get("accept", ""))
+                return Response(200, encoder(self._registry), content_type)
+            ok, body = self.health.liveness() if req.path == "/healthz" else self.health.readiness()
+            return json_response(body, status=200 if ok else 503)
+        handler = self._routes.get((method, req.path))
+        if handler is not None:
+            return handler(req)
+        if any(p == req.path for _, p in self._routes):
+            return json_response({"error": "method not allowed"}, status=405)
+        return json_response({"error": "not found", "path": req.path}, status=404)

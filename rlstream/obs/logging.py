@@ -1,0 +1,187 @@
+"""Structured logs: JSON lines for the services, a console renderer for the co-located CLI.
+
+Configured once, at the entry point::
+
+    configure_logging(role="learner", run_id=cfg.run_id, level="info", json=True)
+    log = get_logger(__name__)
+    ...
+    bind_policy_version(7)          # every later line in this thread/task carries it
+    log.info("step", loss=0.31, sps=5120.0)
+    # {"event": "step", "loss": 0.31, "sps": 5120.0, "policy_version": 7,
+    #  "run_id": "...", "role": "learner", "level": "info", "timestamp": "..."}
+
+Context:
+
+* ``run_id`` and ``role`` are process-wide defaults, added to every line from
+  every thread (including stdlib ``logging`` records from faust, confluent-kafka,
+  ...).
+* ``policy_version`` (and anything else bound with ``bound_context``) lives in
+  ``contextvars``, so it is per thread / asyncio task. In the co-located
+  process the actor and learner threads each bind their own version, and
+  ``bind_role("actor")`` overrides the process role for one thread. New
+  threads start with an empty context: bind in the thread that logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json as jsonlib
+import logging
+import sys
+import uuid
+from collections.abc import Iterator, MutableMapping
+from typing import Any, TextIO
+
+import structlog
+from structlog.typing import EventDict, FilteringBoundLogger, Processor
+
+__all__ = [
+    "bind_policy_version",
+    "bind_role",
+    "bound_context",
+    "configure_logging",
+    "get_logger",
+    "new_run_id",
+]
+
+_HANDLER_MARK = "_rlstream_handler"
+# structlog.get_logger() reserves the keyword ``logger``; get_logger() binds the
+# name under this key and _logger_field() renames it to ``logger``.
+_NAME_KEY = "logger_name"
+
+
+def _logger_field(logger: Any, method: str, event_dict: EventDict) -> EventDict:
+    name = event_dict.pop(_NAME_KEY, None)
+    if name is not None:
+        event_dict.setdefault("logger", name)
+    return event_dict
+
+
+class _ProcessDefaults:
+    """Adds ``run_id`` and ``role`` unless the context already set them."""
+
+    def __init__(self, role: str, run_id: str) -> None:
+        self.role = role
+        self.run_id = run_id
+
+    def __call__(self, logger: Any, method: str, event_dict: EventDict) -> EventDict:
+        event_dict.setdefault("run_id", self.run_id)
+        event_dict.setdefault("role", self.role)
+        return event_dict
+
+
+def _level_number(level: str | int) -> int:
+    if isinstance(level, int):
+        return level
+    number = logging.getLevelName(level.strip().upper())
+    if not isinstance(number, int):
+        raise ValueError(f"unknown log level {level!r}")
+    return number
+
+
+def new_run_id() -> str:
+    """A fresh run identifier (12 hex characters)."""
+    return uuid.uuid4().hex[:12]
+
+
+def configure_logging(
+    role: str,
+    run_id: str,
+    level: str | int = "info",
+    json: bool = True,
+    *,
+    stream: TextIO | None = None,
+    capture_stdlib: bool = True,
+) -> None:
+    """Configure structlog (and optionally the stdlib root logger) for this process.
+
+    Args:
+        role: default ``role`` field (``actor``, ``streams``, ``learner``, ``serve``,
+            ``colocated``).
+        run_id: ``run_id`` field on every line.
+        level: minimum level, name or ``logging`` number.
+        json: one JSON object per line (services); ``False`` gives the human
+            console renderer (co-located CLI).
+        stream: where lines go; ``sys.stderr`` by default.
+        capture_stdlib: route stdlib ``logging`` records (third-party libraries)
+            through the same renderer and context.
+
+    Calling it again replaces the configuration (tests do).
+    """
+    lvl = _level_number(level)
+    out = stream if stream is not None else sys.stderr
+    defaults = _ProcessDefaults(role, run_id)
+    shared: list[Processor] = [
+        structlog.contextvars.merge_contextvars,
+        _logger_field,
+        defaults,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.StackInfoRenderer(),
+    ]
+    renderer: Processor
+    if json:
+        shared.append(structlog.processors.format_exc_info)
+        renderer = structlog.processors.JSONRenderer(serializer=jsonlib.dumps, default=str)
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=_isatty(out))
+
+    structlog.configure(
+        processors=[*shared, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(lvl),
+        context_class=dict,
+        logger_factory=structlog.WriteLoggerFactory(file=out),
+        cache_logger_on_first_use=False,
+    )
+
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, _HANDLER_MARK, False):
+            root.removeHandler(handler)
+    if capture_stdlib:
+        handler = logging.StreamHandler(out)
+        setattr(handler, _HANDLER_MARK, True)
+        handler.setFormatter(
+            structlog.stdlib.ProcessorFormatter(
+                foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+                processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            )
+        )
+        root.addHandler(handler)
+        root.setLevel(lvl)
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def get_logger(name: str | None = None, **initial: Any) -> FilteringBoundLogger:
+    """A structlog logger; ``name`` becomes the ``logger`` field."""
+    # A lazy proxy: it follows configure_logging() even when created at import time.
+    if name is not None:
+        initial.setdefault(_NAME_KEY, name)
+    log: FilteringBoundLogger = structlog.get_logger(**initial)
+    return log
+
+
+def bind_policy_version(version: int | None) -> None:
+    """Set the ``policy_version`` field for this thread / task (``None`` removes it)."""
+    if version is None:
+        structlog.contextvars.unbind_contextvars("policy_version")
+    else:
+        structlog.contextvars.bind_contextvars(policy_version=int(version))
+
+
+def bind_role(role: str) -> None:
+    """Override the process ``role`` for this thread / task (co-located mode)."""
+    structlog.contextvars.bind_contextvars(role=role)
+
+
+@contextlib.contextmanager
+def bound_context(**kw: Any) -> Iterator[MutableMapping[str, Any]]:
+    """Bind fields for the duration of a ``with`` block, then restore the previous ones."""
+    with structlog.contextvars.bound_contextvars(**kw):
+        yield structlog.contextvars.get_contextvars()

@@ -1,0 +1,106 @@
+"""Ports, environment variable names and CLI command names: the one source of truth.
+
+Every process runs one small HTTP server (``rlstream.obs.http.MetricsServer``)
+serving ``/metrics``, ``/healthz`` and ``/readyz`` on the port of its role.
+``compose/`` and ``compose/k8s/`` are tested against this module
+(``tests/ops/test_manifests.py``), so a port or variable renamed here and not
+there fails the tests.
+
+The policy server (``rlstream serve``) serves inference *and* its metrics and
+probes on the same port, 8080, so that a Service has one port to expose.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+#: Metrics/probe port per role. ``colocated`` is the single-process mode
+#: (``rlstream train``), where all roles share one registry with a ``role`` label.
+DEFAULT_PORTS: dict[str, int] = {
+    "colocated": 9100,
+    "actor": 9101,
+    "streams": 9102,
+    "learner": 9103,
+    "serve": 8080,
+}
+
+#: Roles that have a process (and so a port) of their own.
+ROLES: tuple[str, ...] = tuple(DEFAULT_PORTS)
+
+# Environment variables read by the entry points (rlstream/config.py parses
+# them once; nothing deeper in the code reads the environment).
+
+#: Overrides the role's port from DEFAULT_PORTS (0 = pick a free port).
+ENV_METRICS_PORT = "RLSTREAM_METRICS_PORT"
+#: Kafka bootstrap servers, comma separated ``host:port`` (e.g. ``kafka:9092``).
+ENV_KAFKA_BROKERS = "KAFKA_BROKERS"
+#: Redis URL (``redis://host:6379/0``) for claim-check weights and snapshots.
+ENV_REDIS_URL = "REDIS_URL"
+#: Bus backend: ``memory`` (co-located default) or ``kafka``.
+ENV_BUS = "RLSTREAM_BUS"
+#: Snapshot store URL or path (``file:///data/snapshots``, ``redis://redis:6379/0``);
+#: see ``learner.snapshots.open_store``.
+ENV_SNAPSHOT_STORE = "RLSTREAM_SNAPSHOT_STORE"
+#: Run identifier bound into every log line (``rlstream.obs.logging``).
+ENV_RUN_ID = "RLSTREAM_RUN_ID"
+#: Log level name (``debug``, ``info``, ``warning``, ``error``).
+ENV_LOG_LEVEL = "RLSTREAM_LOG_LEVEL"
+
+#: Every environment variable an rlstream process reads. Manifests may set no
+#: other variable on an rlstream container.
+ENV_VARS: tuple[str, ...] = (
+    ENV_METRICS_PORT,
+    ENV_KAFKA_BROKERS,
+    ENV_REDIS_URL,
+    ENV_BUS,
+    ENV_SNAPSHOT_STORE,
+    ENV_RUN_ID,
+    ENV_LOG_LEVEL,
+)
+
+#: Sub-commands of the ``rlstream`` CLI (rlstream/cli.py is wired to this list).
+KNOWN_COMMANDS: tuple[str, ...] = (
+    "train",
+    "actor",
+    "learner",
+    "serve",
+    "replay",
+    "subscribe",
+    "broker",
+    "rollback",
+)
+
+#: The role whose port each long-running command uses.
+COMMAND_ROLES: dict[str, str] = {
+    "train": "colocated",
+    "actor": "actor",
+    "learner": "learner",
+    "serve": "serve",
+}
+
+#: Ports of the infrastructure services in compose/ (in-cluster addresses).
+INFRA_PORTS: dict[str, int] = {
+    "kafka": 9092,
+    "kafka_controller": 9093,
+    "redis": 6379,
+    "prometheus": 9090,
+    "grafana": 3000,
+}
+
+
+def metrics_port(role: str, env: Mapping[str, str] | None = None) -> int:
+    """Port for ``role``: ``$RLSTREAM_METRICS_PORT`` if set, else ``DEFAULT_PORTS[role]``.
+
+    Raises ``KeyError`` for an unknown role and ``ValueError`` for a value that is
+    not a port number.
+    """
+    default = DEFAULT_PORTS[role]
+    env = os.environ if env is None else env
+    raw = env.get(ENV_METRICS_PORT, "").strip()
+    if not raw:
+        return default
+    port = int(raw)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{ENV_METRICS_PORT}={raw!r} is not a port number")
+    return port

@@ -1,0 +1,113 @@
+"""Progress of a training run: periodic log lines (SPS, episode return, policy lag), the
+return-vs-steps curve, a final summary and an optional PNG plot."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Progress:
+    total_steps: int
+    log_every_s: float = 5.0
+    log: Any = None  # a structlog logger (or None: print)
+    steps: int = 0
+    episodes: int = 0
+    updates: int = 0
+    version: int = 0
+    recent_returns: deque = field(default_factory=lambda: deque(maxlen=20))
+    curve: list[tuple[int, float]] = field(default_factory=list)
+    lags: deque = field(default_factory=lambda: deque(maxlen=200))
+    started: float = field(default_factory=time.perf_counter)
+    _last_log: float = 0.0
+    _last_steps: int = 0
+    _last_t: float = field(default_factory=time.perf_counter)
+
+    def on_batch(self, n_steps: int, returns: list[float], policy_lag: int) -> None:
+        self.steps += n_steps
+        for r in returns:
+            self.episodes += 1
+            self.recent_returns.append(r)
+            self.curve.append((self.steps, r))
+        self.lags.append(policy_lag)
+
+    def mean_return(self) -> float | None:
+        return sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else None
+
+    def sps(self) -> float:
+        return self.steps / max(1e-9, time.perf_counter() - self.started)
+
+    def maybe_log(self, force: bool = False) -> None:
+        now = time.perf_counter()
+        if not force and now - self._last_log < self.log_every_s:
+            return
+        recent_sps = (self.steps - self._last_steps) / max(1e-9, now - self._last_t)
+        self._last_log, self._last_steps, self._last_t = now, self.steps, now
+        ret = self.mean_return()
+        fields = {
+            "steps": self.steps,
+            "pct": round(100.0 * self.steps / max(1, self.total_steps), 1),
+            "sps": round(recent_sps),
+            "episodes": self.episodes,
+            "return_mean20": None if ret is None else round(ret, 1),
+            "updates": self.updates,
+            "policy_version": self.version,
+            "policy_lag_max": max(self.lags) if self.lags else 0,
+        }
+        if self.log is not None:
+            self.log.info("progress", **fields)
+        else:
+            print(json.dumps({"event": "progress", **fields}), flush=True)
+
+    def summary(self) -> dict[str, Any]:
+        elapsed = time.perf_counter() - self.started
+        ret = self.mean_return()
+        return {
+            "steps": self.steps,
+            "episodes": self.episodes,
+            "updates": self.updates,
+            "final_policy_version": self.version,
+            "elapsed_s": round(elapsed, 2),
+            "sps": round(self.steps / max(1e-9, elapsed), 1),
+            "return_mean20": None if ret is None else round(ret, 2),
+            "first_returns_mean": _mean([r for _, r in self.curve[:10]]),
+        }
+
+    def write(self, run_dir: Path, plot: bool, title: str) -> dict[str, str]:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        out = {}
+        curve_path = run_dir / "curve.json"
+        curve_path.write_text(json.dumps({"steps": [s for s, _ in self.curve], "returns": [r for _, r in self.curve]}))
+        out["curve"] = str(curve_path)
+        if plot and self.curve:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+
+            xs = [s for s, _ in self.curve]
+            ys = [r for _, r in self.curve]
+            k = max(1, len(ys) // 50)
+            smooth = [sum(ys[max(0, i - k): i + 1]) / len(ys[max(0, i - k): i + 1]) for i in range(len(ys))]
+            fig, ax = plt.subplots(figsize=(7, 4))
+            ax.plot(xs, ys, alpha=0.3, label="episode return")
+            ax.plot(xs, smooth, label=f"moving mean ({k + 1})")
+            ax.set_xlabel("environment steps")
+            ax.set_ylabel("episode return")
+            ax.set_title(title)
+            ax.legend()
+            fig.tight_layout()
+            png = run_dir / "returns.png"
+            fig.savefig(png, dpi=100)
+            plt.close(fig)
+            out["plot"] = str(png)
+        return out
+
+
+def _mean(xs: list[float]) -> float | None:
+    return round(sum(xs) / len(xs), 2) if xs else None

@@ -1,0 +1,137 @@
+"""The one place components are wired (Acme builders): every role gets its collaborators here
+and never imports another role. Co-located and decoupled mode use the same builders."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from actor.actor import Actor, ActorConfig
+from actor.envs import NonFiniteEnvError, env_dims
+from actor.policy_client import PolicySubscriber
+from learner.learner import Learner, LearnerConfig
+from rlstream.config import TrainConfig
+from rlstream.obs.metrics import Metrics
+from rlstream.policies import RedisBlobStore
+from schemas.codec import Codec, SchemaTopic
+from schemas.events import SampleBatch
+from streams.bus import Bus, make_bus
+from streams.events import EventBus
+from streams.topics import SCHEMAS, all_topics
+
+# Per-algorithm defaults for group-based algorithms (rollouts per start state).
+GROUP_DEFAULTS = {"grpo": 8, "dapo": 8}
+
+
+def build_bus(cfg: TrainConfig) -> Bus:
+    if cfg.bus.kind == "memory":
+        bus = make_bus("memory")
+    elif cfg.bus.kind == "kafka":
+        bus = make_bus("kafka", bootstrap=cfg.bus.bootstrap)
+    else:
+        raise ValueError(f"unknown bus {cfg.bus.kind!r}")
+    bus.create_topics(all_topics(cfg.bus.partitions))
+    return bus
+
+
+def build_events(bus: Bus, metrics: Metrics | None, publish_schemas: bool = True) -> EventBus:
+    codec = Codec(resolver=SchemaTopic(bus, SCHEMAS))
+    hook = None
+    if metrics is not None:
+        def hook(topic: str, reason: str) -> None:
+            metrics.count_dead_letter(topic, reason)
+    events = EventBus(bus, codec, on_dead_letter=hook)
+    if publish_schemas:
+        SchemaTopic(bus, SCHEMAS).publish(codec.registry)
+    return events
+
+
+def build_algo(cfg: TrainConfig, obs_dim: int, act_dim: int):
+    from agents.registry import make_algorithm
+
+    overrides = dict(cfg.algo_overrides)
+    overrides.setdefault("seed", cfg.seed)
+    if cfg.algo == "ppo" and "total_updates" not in overrides:
+        overrides["total_updates"] = max(1, cfg.total_steps // cfg.train_batch_size)
+    torch.manual_seed(cfg.seed)
+    return make_algorithm(cfg.algo, obs_dim, act_dim, overrides, cfg.device)
+
+
+def group_size(cfg: TrainConfig) -> int:
+    return cfg.group_size or GROUP_DEFAULTS.get(cfg.algo, 0)
+
+
+def build_actor(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, index: int,
+                on_batch=None, log=None) -> Actor:
+    def on_latency(s: float) -> None:
+        if metrics is not None:
+            metrics.observe_policy_latency(s)
+
+    def on_reject(e: NonFiniteEnvError) -> None:
+        if metrics is not None:
+            metrics.count_drop("env_nonfinite")
+        if log is not None:
+            log.error("env_output_rejected", error=str(e), what=e.what, step=e.step, envs=e.envs)
+
+    def batch_hook(batch: SampleBatch, seconds: float) -> None:
+        if metrics is not None:
+            metrics.count_samples(batch.size, "actor")
+        if on_batch is not None:
+            on_batch(batch, seconds)
+
+    blob = RedisBlobStore(cfg.redis()) if cfg.redis() else None
+    sub = PolicySubscriber(events, policy_id="policy", stage=f"actor-{index}", on_latency=on_latency,
+                           blob_store=blob)
+    g = group_size(cfg)
+    num_envs = cfg.num_envs
+    if g and num_envs % g:
+        raise ValueError(f"--num-envs {num_envs} must be a multiple of the group size {g} for {cfg.algo}")
+    acfg = ActorConfig(actor_id=f"actor-{index}", env_id=cfg.env_id, num_envs=num_envs,
+                       fragment_steps=cfg.effective_fragment_steps(), seed=cfg.seed * 7919 + index,
+                       group_size=g)
+    return Actor(acfg, sub, events, on_batch=batch_hook, on_reject=on_reject)
+
+
+def build_prepare_worker(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, default_k: int):
+    from streams.worker import build_worker
+
+    return build_worker(events, cfg.streams, default_k=default_k, metrics=metrics)
+
+
+def build_learner(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, algo, on_update=None,
+                  breaker=None, lag_signal=None) -> Learner:
+    from learner.snapshots import open_store
+
+    store = open_store(cfg.snapshot_url())
+
+    def update_hook(learner: Learner, m: dict[str, float], seconds: float) -> None:
+        if metrics is not None:
+            metrics.count_learner_steps()
+            metrics.set_policy_version(learner.version)
+            metrics.observe_step_time(seconds, "update")
+        if on_update is not None:
+            on_update(learner, m, seconds)
+
+    blob = RedisBlobStore(cfg.redis()) if cfg.redis() else None
+    lcfg = LearnerConfig(algo=cfg.algo, train_batch_size=cfg.train_batch_size, snapshot_every=cfg.snapshot_every)
+    return Learner(lcfg, algo, events, snapshots=store, breaker=breaker, lag_signal=lag_signal,
+                   on_update=update_hook, blob_store=blob)
+
+
+@dataclass
+class EnvInfo:
+    obs_dim: int
+    act_dim: int
+
+
+def env_info(cfg: TrainConfig) -> EnvInfo:
+    spec = env_dims(cfg.env_id)
+    return EnvInfo(spec.obs_dim, spec.act_dim)
+
+
+def describe(cfg: TrainConfig) -> dict[str, Any]:
+    return {"mode": cfg.mode, "algo": cfg.algo, "env": cfg.env_id, "total_steps": cfg.total_steps,
+            "num_actors": cfg.num_actors, "num_envs": cfg.num_envs,
+            "fragment_steps": cfg.effective_fragment_steps(), "train_batch_size": cfg.train_batch_size}

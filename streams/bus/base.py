@@ -1,0 +1,179 @@
+"""The bus: one small interface over an append-only partitioned log, two backends.
+
+    bus = make_bus("memory")                      # or "kafka" with bootstrap servers
+    bus.create_topics(all_topics())
+    bus.produce(SAMPLES_RAW, value, key=b"actor-0", headers={"rl-schema": b"..."})
+    c = bus.consumer("learner", [SAMPLES_PREPARED], start="earliest")
+    while running:
+        for rec in c.poll(timeout=0.1):
+            handle(rec)
+        c.commit()                                # commits what poll returned
+
+Semantics both backends keep (tests/streams/test_bus_contract.py checks them):
+- order is kept per partition; a key always maps to the same partition;
+- each consumer group sees every record once per assignment; two groups are independent;
+- ``start`` applies only where the group has no committed offset ("earliest", "latest"),
+  or, as ``{(topic, partition): offset}`` / ``{topic: offset}``, seeks there regardless;
+- ``commit`` stores the offset after the last record returned (per partition);
+  a new consumer of the group resumes there;
+- ``group=None`` is an ephemeral reader: it never commits (replay).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Union
+
+StartAt = Union[str, dict]  # "earliest" | "latest" | {(topic, partition): offset} | {topic: offset}
+TP = tuple[str, int]
+
+
+class BusError(Exception):
+    """The bus backend failed (broker unreachable, delivery failed, record too large...)."""
+
+
+class RecordTooLargeError(BusError):
+    """A record exceeds the configured maximum message size."""
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    headers: dict[str, bytes] = field(default_factory=dict)
+    timestamp_ms: int = 0
+
+
+def normalise_start(start: StartAt, topics: Iterable[str]) -> tuple[str, dict[TP, int] | dict[str, int]]:
+    """Split ``start`` into the reset policy and explicit offsets."""
+    if isinstance(start, str):
+        if start not in ("earliest", "latest"):
+            raise ValueError(f"start must be 'earliest', 'latest' or an offsets dict, not {start!r}")
+        return start, {}
+    if isinstance(start, dict):
+        topics = set(topics)
+        for k in start:
+            t = k[0] if isinstance(k, tuple) else k
+            if t not in topics:
+                raise ValueError(f"start offset for {k!r}, which is not subscribed")
+        return "earliest", dict(start)
+    raise TypeError(f"start must be a str or dict, not {type(start).__name__}")
+
+
+def explicit_offset(offsets: dict, topic: str, partition: int) -> int | None:
+    if (topic, partition) in offsets:
+        return offsets[(topic, partition)]
+    return offsets.get(topic)
+
+
+class Consumer(ABC):
+    @abstractmethod
+    def poll(self, timeout: float = 1.0, max_records: int = 500) -> list[Record]:
+        """Up to ``max_records`` records; waits up to ``timeout`` s for the first one."""
+
+    @abstractmethod
+    def commit(self, records: Iterable[Record] | None = None) -> None:
+        """Commit past ``records`` (their highest offset per partition), or past all polled."""
+
+    @abstractmethod
+    def committed(self) -> dict[TP, int]:
+        """The group's committed next-offset per assigned partition."""
+
+    @abstractmethod
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        ...
+
+    @abstractmethod
+    def assignment(self) -> list[TP]:
+        ...
+
+    @abstractmethod
+    def lag(self) -> dict[TP, int]:
+        """Records between this consumer's position and the log end, per assigned partition."""
+
+    @abstractmethod
+    def close(self) -> None:
+        ...
+
+    def __enter__(self) -> "Consumer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Bus(ABC):
+    """A partitioned append-only log with consumer groups."""
+
+    name: str = "bus"
+
+    @abstractmethod
+    def create_topics(self, specs: Iterable) -> None:
+        """Create topics (``streams.topics.TopicSpec``) that do not exist yet."""
+
+    @abstractmethod
+    def produce(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None = None,
+        headers: dict[str, bytes] | None = None,
+        partition: int | None = None,
+    ) -> None:
+        ...
+
+    @abstractmethod
+    def flush(self, timeout: float = 30.0) -> None:
+        """Block until every produced record is durable in the log (raise BusError if not)."""
+
+    @abstractmethod
+    def consumer(self, group: str | None, topics: list[str], start: StartAt = "earliest") -> Consumer:
+        ...
+
+    @abstractmethod
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        """Next offset to be written, per partition."""
+
+    def group_lag(self, group: str, topic: str) -> int:
+        """Records in ``topic`` that ``group`` has not committed yet (its backlog)."""
+        raise NotImplementedError(f"{type(self).__name__} does not report group lag")
+
+    @abstractmethod
+    def close(self) -> None:
+        ...
+
+    def read_all(self, topic: str, timeout: float = 10.0) -> Iterator[Record]:
+        """Every record now in ``topic``, from offset 0, in per-partition order (replay)."""
+        ends = self.end_offsets(topic)
+        if not any(ends.values()):
+            return
+        c = self.consumer(None, [topic], start="earliest")
+        try:
+            pending = {p: e for p, e in ends.items() if e > 0}
+            import time
+
+            deadline = time.monotonic() + timeout
+            while pending:
+                recs = c.poll(timeout=0.2)
+                for r in recs:
+                    if r.partition in pending and r.offset < pending[r.partition]:
+                        yield r
+                        if r.offset + 1 >= pending[r.partition]:
+                            del pending[r.partition]
+                if not recs and time.monotonic() > deadline:
+                    raise BusError(f"replay of {topic} timed out; missing partitions {sorted(pending)}")
+                if recs:
+                    deadline = time.monotonic() + timeout
+        finally:
+            c.close()
+
+    def __enter__(self) -> "Bus":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

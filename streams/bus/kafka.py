@@ -1,0 +1,539 @@
+"""Kafka bus: the ``Bus`` interface on confluent-kafka (librdkafka), same semantics as memory.
+
+    bus = KafkaBus()                                   # env KAFKA_BROKERS or 127.0.0.1:9092
+    bus.create_topics(all_topics())
+    bus.produce(SAMPLES_RAW, value, key=b"actor-0")
+    bus.flush()                                        # raises BusError if any delivery failed
+    with bus.consumer("learner", [SAMPLES_PREPARED]) as c:
+        recs = c.poll(0.1)
+        c.commit(recs)
+
+How the memory semantics (``streams.bus.base``) map onto Kafka:
+
+- producer: idempotent (``enable.idempotence``, ``acks=all``), so retries never duplicate or
+  reorder a partition. Delivery failures are collected by the delivery callback and raised
+  by the next ``flush`` (``RecordTooLargeError`` for oversize records); ``delivery_failures``
+  counts them all. A record over the client's ``message.max.bytes`` fails at ``produce``.
+- partitioner ``murmur2_random``: the Java/aiokafka default, so the Faust app and this bus
+  put one key on one partition.
+- group consumers subscribe with the eager protocol; the rebalance callback sets every newly
+  assigned partition's start offset by memory's rule: kept position (partition retained
+  across a rebalance) > explicit ``start`` offset > committed offset > reset policy. Offsets
+  are never auto-committed. ``"latest"`` means the log end when ``consumer()`` was called
+  (as in memory), not when the group join finishes seconds later.
+- ``group=None`` readers take every partition with ``assign`` (no group join, no commit), under
+  a unique throw-away ``group.id``.
+- explicit and ``seek`` offsets are clamped into [low, high] watermark, as memory clamps.
+
+Client settings: ``config`` goes to every client (producer, consumer, admin), merged over the
+security settings from the environment (``kafka_client_config``); ``producer_config`` and
+``consumer_config`` go to one role only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    OFFSET_INVALID,
+    Consumer as _RdConsumer,
+    KafkaError,
+    KafkaException,
+    Producer as _RdProducer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from streams.bus.base import (
+    TP,
+    Bus,
+    BusError,
+    Consumer,
+    Record,
+    RecordTooLargeError,
+    StartAt,
+    explicit_offset,
+    normalise_start,
+)
+from streams.topics import TOPICS, TopicSpec
+
+log = logging.getLogger(__name__)
+_rdlog = logging.getLogger("rlstream.librdkafka")  # librdkafka's own log lines, not stderr
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # matches rlstream.broker's message.max.bytes
+ENV_PREFIX = "RLSTREAM_KAFKA_"
+# Only these settings pass from the environment: the rest of RLSTREAM_KAFKA_* belongs to others
+# (RLSTREAM_KAFKA_VERSION, RLSTREAM_KAFKA_JAVA_OPTS are the local broker's).
+
+PRODUCER_DEFAULTS: dict[str, Any] = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "partitioner": "murmur2_random",
+    "compression.type": "none",  # the payload is packed float32: it does not compress
+    "linger.ms": 5,
+    "batch.size": 4 * 1024 * 1024,
+    "batch.num.messages": 10000,
+    "queue.buffering.max.kbytes": 512 * 1024,
+    "queue.buffering.max.messages": 200000,
+    "message.max.bytes": MAX_MESSAGE_BYTES,
+    "delivery.report.only.error": True,  # success needs no callback: flush waits for it
+}
+
+CONSUMER_DEFAULTS: dict[str, Any] = {
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "enable.partition.eof": False,
+    "session.timeout.ms": 10000,
+    "heartbeat.interval.ms": 1000,
+    "fetch.wait.max.ms": 100,
+    "fetch.max.bytes": 64 * 1024 * 1024,
+    "max.partition.fetch.bytes": MAX_MESSAGE_BYTES,
+    "receive.message.max.bytes": 64 * 1024 * 1024 + 1024 * 1024,
+    "queued.max.messages.kbytes": 128 * 1024,
+}
+
+_TIMEOUT = 10.0  # seconds, for metadata / offset / commit requests
+
+
+def kafka_client_config(extra: dict | None = None) -> dict:
+    """librdkafka security settings from the environment, with ``extra`` on top.
+
+    ``RLSTREAM_KAFKA_SECURITY_PROTOCOL=SASL_SSL`` becomes ``security.protocol``,
+    ``RLSTREAM_KAFKA_SASL_MECHANISM`` ``sasl.mechanism``, ``RLSTREAM_KAFKA_SSL_CA_LOCATION``
+    ``ssl.ca.location``: underscores become dots; only ``security.protocol``, ``sasl.*`` and
+    ``ssl.*`` pass. Every key of ``extra`` passes (it wins over the environment).
+    """
+    out: dict[str, Any] = {}
+    for name, value in os.environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        key = name[len(ENV_PREFIX):].lower().replace("_", ".")
+        if key == "security.protocol" or key.startswith(("sasl.", "ssl.")):
+            out[key] = value
+    out.update(extra or {})
+    return out
+
+
+def _err(e: BaseException) -> KafkaError | None:
+    if isinstance(e, KafkaException) and e.args and isinstance(e.args[0], KafkaError):
+        return e.args[0]
+    return None
+
+
+_TOO_LARGE = {KafkaError.MSG_SIZE_TOO_LARGE, getattr(KafkaError, "RECORD_LIST_TOO_LARGE", KafkaError.MSG_SIZE_TOO_LARGE)}
+
+
+def _too_large(err: KafkaError | None) -> bool:
+    return err is not None and err.code() in _TOO_LARGE
+
+
+class KafkaBus(Bus):
+    name = "kafka"
+
+    def __init__(
+        self,
+        bootstrap: str | None = None,
+        config: dict | None = None,
+        client_id: str = "rlstream",
+        producer_config: dict | None = None,
+        consumer_config: dict | None = None,
+        auto_create: bool = True,
+        replication_factor: int = -1,
+        produce_timeout: float = 30.0,
+    ) -> None:
+        """``replication_factor`` -1 takes the broker's default; ``auto_create`` creates a topic
+        met in produce/consume that does not exist (its ``streams.topics`` spec, else 1
+        partition), as memory does; ``produce_timeout`` bounds waiting on a full local queue."""
+        self.bootstrap = bootstrap or os.environ.get("KAFKA_BROKERS") or DEFAULT_BOOTSTRAP
+        self.client_id = client_id
+        self.auto_create = auto_create
+        self.replication_factor = replication_factor
+        self.produce_timeout = produce_timeout
+        self.common = {"bootstrap.servers": self.bootstrap, "client.id": client_id, "logger": _rdlog,
+                       **kafka_client_config(config)}
+        self.consumer_config = {**CONSUMER_DEFAULTS, **self.common, **(consumer_config or {})}
+        pconf = {**PRODUCER_DEFAULTS, **self.common, **(producer_config or {})}
+        pconf["on_delivery"] = self._on_delivery
+        pconf["error_cb"] = self._on_error
+        self.max_message_bytes = int(pconf["message.max.bytes"])
+        self._producer = _RdProducer(pconf)
+        self._admin = AdminClient({**self.common, "error_cb": self._on_client_error})
+        self._lock = threading.Lock()
+        self._failed: list[tuple[str, KafkaError]] = []  # delivery failures not yet raised
+        self.delivery_failures = 0  # every failed delivery since the bus was made
+        self._fatal: KafkaError | None = None
+        self._known: dict[str, int] = {}  # topic -> partitions, seen in metadata
+        self._meta: _RdConsumer | None = None  # for watermark queries
+        self._closed = False
+
+    # -- callbacks (run inside producer.poll/flush) ----------------------------------------
+    def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
+        if err is None:
+            return
+        with self._lock:
+            self.delivery_failures += 1
+            self._failed.append((msg.topic() or "?", err))
+        log.warning("kafka delivery to %s failed: %s", msg.topic(), err)
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self._fatal = err
+            log.error("kafka producer fatal error: %s", err)
+        else:
+            log.warning("kafka producer: %s", err)
+
+    @staticmethod
+    def _on_client_error(err: KafkaError) -> None:
+        log.warning("kafka client: %s", err)
+
+    # -- topics -----------------------------------------------------------------------------
+    def create_topics(self, specs: Iterable[TopicSpec], timeout: float = 30.0) -> None:
+        specs = list(specs)
+        if not specs:
+            return
+        new = []
+        for s in specs:
+            config = {k: str(v) for k, v in s.config.items()}
+            if s.compacted:
+                config.setdefault("cleanup.policy", "compact")
+            new.append(NewTopic(s.name, num_partitions=max(1, s.partitions),
+                                replication_factor=self.replication_factor, config=config))
+        futures = self._admin.create_topics(new, request_timeout=timeout, operation_timeout=timeout)
+        for name, fut in futures.items():
+            try:
+                fut.result()
+            except KafkaException as e:
+                err = _err(e)
+                if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise BusError(f"cannot create topic {name}: {e}") from e
+        self._wait_topics({s.name: max(1, s.partitions) for s in specs}, timeout)
+
+    def _wait_topics(self, want: dict[str, int], timeout: float) -> None:
+        """Poll metadata until every topic has a leader for each of (at least) its partitions."""
+        deadline = time.monotonic() + timeout
+        pending = dict(want)
+        while True:
+            for name in list(pending):
+                try:
+                    md = self._admin.list_topics(topic=name, timeout=min(5.0, timeout)).topics.get(name)
+                except KafkaException:
+                    md = None
+                if md is not None and md.error is None and md.partitions and all(
+                    p.leader >= 0 and p.error is None for p in md.partitions.values()
+                ):
+                    if len(md.partitions) < pending[name]:
+                        log.warning("topic %s exists with %d partitions (spec wants %d)",
+                                    name, len(md.partitions), pending[name])
+                    self._known[name] = len(md.partitions)
+                    del pending[name]
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                raise BusError(f"topics {sorted(pending)} have no leader after {timeout:.0f}s")
+            time.sleep(0.05)
+
+    def _partitions(self, topic: str, create: bool | None = None) -> int:
+        """Partition count of ``topic``; creates it (auto_create) when missing."""
+        n = self._known.get(topic)
+        if n is not None:
+            return n
+        try:
+            md = self._admin.list_topics(topic=topic, timeout=_TIMEOUT).topics.get(topic)
+        except KafkaException as e:
+            raise BusError(f"cannot read metadata of {topic} from {self.bootstrap}: {e}") from e
+        if md is not None and md.error is None and md.partitions:
+            self._known[topic] = len(md.partitions)
+            return self._known[topic]
+        if md is not None and md.error is not None and md.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+            raise BusError(f"metadata of {topic}: {md.error}")
+        if not (self.auto_create if create is None else create):
+            raise BusError(f"unknown topic {topic!r}")
+        spec = TOPICS.get(topic) or TopicSpec(topic, key="", partitions=1)
+        self.create_topics([spec])
+        return self._known[topic]
+
+    def partitions(self, topic: str) -> int:
+        return self._partitions(topic)
+
+    def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        if self._meta is None:
+            with self._lock:
+                if self._meta is None:
+                    self._meta = _RdConsumer({**self.consumer_config, "group.id": f"rlstream-meta-{uuid.uuid4().hex}"})
+        try:
+            return self._meta.get_watermark_offsets(TopicPartition(topic, partition), timeout=_TIMEOUT,
+                                                    cached=False)
+        except KafkaException as e:
+            raise BusError(f"cannot read offsets of {topic}[{partition}]: {e}") from e
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        return {p: self._watermarks(topic, p)[1] for p in range(self._partitions(topic))}
+
+    # -- produce ----------------------------------------------------------------------------
+    def produce(self, topic, value, key=None, headers=None, partition=None) -> None:
+        if self._closed:
+            raise BusError("bus is closed")
+        if self._fatal is not None:
+            raise BusError(f"kafka producer failed fatally: {self._fatal}")
+        if not isinstance(value, bytes):
+            if not isinstance(value, (bytearray, memoryview)):
+                raise TypeError(f"value must be bytes, not {type(value).__name__}")
+            value = bytes(value)
+        if topic not in self._known:
+            self._partitions(topic)
+        kw: dict[str, Any] = {"value": value, "key": key}
+        if headers:
+            kw["headers"] = headers
+        if partition is not None:
+            kw["partition"] = partition
+        deadline = None
+        while True:
+            try:
+                self._producer.produce(topic, **kw)
+                break
+            except BufferError:  # local queue full: serve delivery reports until there is room
+                deadline = deadline or time.monotonic() + self.produce_timeout
+                if time.monotonic() > deadline:
+                    raise BusError(f"producer queue stayed full for {self.produce_timeout:.0f}s "
+                                   f"(broker {self.bootstrap} slow or down)") from None
+                self._producer.poll(0.05)
+            except KafkaException as e:
+                err = _err(e)
+                size = len(value) + (len(key) if key else 0)
+                if _too_large(err):
+                    raise RecordTooLargeError(
+                        f"record of {size} bytes exceeds message.max.bytes={self.max_message_bytes} on {topic}"
+                    ) from e
+                raise BusError(f"produce to {topic} failed: {e}") from e
+        self._producer.poll(0)
+
+    def flush(self, timeout: float = 30.0) -> None:
+        left = self._producer.flush(timeout)
+        with self._lock:
+            failed, self._failed = self._failed, []
+        if failed:
+            first_topic, first = failed[0]
+            kinds = sorted({e.name() for _, e in failed})
+            msg = (f"{len(failed)} record(s) failed delivery ({', '.join(kinds)}); first on {first_topic}: "
+                   f"{first.str()}")
+            if any(_too_large(e) for _, e in failed):
+                raise RecordTooLargeError(msg + " (record over the topic's max.message.bytes?)")
+            raise BusError(msg)
+        if self._fatal is not None:
+            raise BusError(f"kafka producer failed fatally: {self._fatal}")
+        if left:
+            raise BusError(f"{left} record(s) not delivered within {timeout}s to {self.bootstrap}")
+
+    # -- consume ----------------------------------------------------------------------------
+    def consumer(self, group: str | None, topics: list[str], start: StartAt = "earliest") -> "KafkaConsumer":
+        if self._closed:
+            raise BusError("bus is closed")
+        policy, offsets = normalise_start(start, topics)
+        parts = {t: self._partitions(t) for t in topics}
+        return KafkaConsumer(self, group, list(topics), policy, offsets, parts)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.flush()
+        finally:
+            if self._meta is not None:
+                self._meta.close()
+                self._meta = None
+
+
+class KafkaConsumer(Consumer):
+    def __init__(self, bus: KafkaBus, group: str | None, topics: list[str], policy: str,
+                 offsets: dict, partitions: dict[str, int]) -> None:
+        self.bus = bus
+        self.group = group
+        self.topics = topics
+        self.policy = policy
+        self.offsets = offsets
+        self._positions: dict[TP, int] = {}  # next offset to return, per assigned partition
+        self._polled: dict[TP, int] = {}  # next offset after the last record returned
+        self._committed: dict[TP, int] = {}  # what this member knows is committed
+        self._kept: dict[TP, int] = {}  # positions of partitions revoked by a rebalance
+        self._closed = False
+        gid = group if group is not None else f"rlstream-reader-{uuid.uuid4().hex}"
+        conf = {**bus.consumer_config, "group.id": gid, "auto.offset.reset": policy,
+                "error_cb": self._on_error}
+        self._c = _RdConsumer(conf)
+        # "latest" is the end now, as in memory (a group join completes seconds later).
+        self._ends = {}
+        if policy == "latest":
+            self._ends = {(t, p): bus._watermarks(t, p)[1] for t, n in partitions.items() for p in range(n)}
+        if group is None:
+            tps = []
+            for t, n in partitions.items():
+                for p in range(n):
+                    off = self._start_offset((t, p), None)
+                    tps.append(TopicPartition(t, p, off))
+                    self._positions[(t, p)] = off
+            self._c.assign(tps)
+        else:
+            self._c.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
+                              on_lost=self._on_lost)
+
+    # -- assignment ---------------------------------------------------------------------------
+    def _clamp(self, tp: TP, offset: int) -> int:
+        low, high = self.bus._watermarks(*tp)
+        return max(low, min(offset, high))
+
+    def _start_offset(self, tp: TP, committed: int | None) -> int:
+        """Memory's rule: explicit start offset > committed > reset policy (concrete offsets)."""
+        explicit = explicit_offset(self.offsets, *tp)
+        if explicit is not None:
+            return self._clamp(tp, explicit)
+        if committed is not None and committed >= 0:
+            return committed
+        if self.policy == "latest":
+            return self._ends[tp] if tp in self._ends else self.bus._watermarks(*tp)[1]
+        return self.bus._watermarks(*tp)[0]
+
+    def _on_assign(self, consumer: _RdConsumer, partitions: list[TopicPartition]) -> None:
+        kept, self._kept = self._kept, {}
+        need = [TopicPartition(p.topic, p.partition) for p in partitions if (p.topic, p.partition) not in kept]
+        committed: dict[TP, int] = {}
+        if need:
+            try:
+                for p in consumer.committed(need, timeout=_TIMEOUT):
+                    if p.error is None and p.offset >= 0:
+                        committed[(p.topic, p.partition)] = p.offset
+            except KafkaException as e:
+                log.warning("committed offsets of group %s unavailable (%s); using the reset policy",
+                            self.group, e)
+        positions: dict[TP, int] = {}
+        out = []
+        for p in partitions:
+            tp = (p.topic, p.partition)
+            off = kept[tp] if tp in kept else self._start_offset(tp, committed.get(tp))
+            positions[tp] = off
+            out.append(TopicPartition(p.topic, p.partition, off))
+        self._positions = positions
+        self._committed = {tp: o for tp, o in {**self._committed, **committed}.items() if tp in positions}
+        self._polled = {tp: o for tp, o in self._polled.items() if tp in positions}
+        consumer.assign(out)
+
+    def _on_revoke(self, consumer: _RdConsumer, partitions: list[TopicPartition]) -> None:
+        self._kept = dict(self._positions)
+        self._positions = {}
+        consumer.unassign()
+
+    def _on_lost(self, consumer: _RdConsumer, partitions: list[TopicPartition]) -> None:
+        # The group moved on without us: another member may own these now; start over.
+        self._kept = {}
+        self._positions = {}
+        self._polled = {}
+        consumer.unassign()
+
+    def _on_error(self, err: KafkaError) -> None:
+        log.warning("kafka consumer (%s): %s", self.group, err)
+
+    # -- consume --------------------------------------------------------------------------------
+    def poll(self, timeout: float = 1.0, max_records: int = 500) -> list[Record]:
+        if self._closed:
+            raise BusError("consumer is closed")
+        c = self._c
+        try:
+            msgs = c.consume(max_records, 0)  # what is already fetched
+            if not msgs and timeout > 0:
+                first = c.poll(timeout)  # wait for the first record only, as memory does
+                if first is not None:
+                    msgs = [first]
+                    if max_records > 1:
+                        msgs += c.consume(max_records - 1, 0)
+        except KafkaException as e:
+            raise BusError(f"consume failed: {e}") from e
+        out: list[Record] = []
+        positions, polled = self._positions, self._polled
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                if err.fatal() or not err.retriable():
+                    raise BusError(f"consumer of {self.topics}: {err}")
+                log.warning("consumer of %s: %s", self.topics, err)
+                continue
+            tp = (m.topic(), m.partition())
+            if tp not in positions:  # fetched before a revoke: not ours any more
+                continue
+            off = m.offset()
+            positions[tp] = polled[tp] = off + 1
+            h = m.headers()
+            v = m.value()
+            out.append(Record(tp[0], tp[1], off, m.key(), b"" if v is None else v,
+                              dict(h) if h else {}, m.timestamp()[1]))
+        return out
+
+    def commit(self, records: Iterable[Record] | None = None) -> None:
+        if self.group is None or self._closed:
+            return
+        if records is None:
+            upto = dict(self._polled)
+        else:
+            upto = {}
+            for r in records:
+                tp = (r.topic, r.partition)
+                upto[tp] = max(upto.get(tp, 0), r.offset + 1)
+        todo = {tp: o for tp, o in upto.items()
+                if tp in self._positions and o > self._committed.get(tp, -1)}
+        if not todo:
+            return
+        try:
+            res = self._c.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in todo.items()],
+                                 asynchronous=False)
+        except KafkaException as e:
+            raise BusError(f"commit of group {self.group} failed: {e}") from e
+        for p in res or []:
+            if p.error is not None:
+                raise BusError(f"commit of {p.topic}[{p.partition}] in group {self.group} failed: {p.error}")
+        self._committed.update(todo)
+
+    def committed(self) -> dict[TP, int]:
+        if self.group is None or not self._positions:
+            return {}
+        try:
+            res = self._c.committed([TopicPartition(t, p) for t, p in self._positions], timeout=_TIMEOUT)
+        except KafkaException as e:
+            raise BusError(f"committed offsets of group {self.group}: {e}") from e
+        return {(p.topic, p.partition): p.offset for p in res if p.error is None and p.offset >= 0}
+
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        tp = (topic, partition)
+        if tp not in self._positions:
+            raise BusError(f"{tp} is not assigned to this consumer")
+        off = self._clamp(tp, offset)
+        try:
+            self._c.seek(TopicPartition(topic, partition, off))
+        except KafkaException as e:
+            err = _err(e)
+            if err is None or err.code() != KafkaError._STATE:
+                raise BusError(f"seek {tp} to {off}: {e}") from e
+            # Not fetching yet (just assigned): re-assign with the new start offset instead.
+            self._positions[tp] = off
+            self._c.assign([TopicPartition(t, p, o) for (t, p), o in self._positions.items()])
+        self._positions[tp] = off
+
+    def assignment(self) -> list[TP]:
+        return sorted(self._positions)
+
+    def lag(self) -> dict[TP, int]:
+        return {tp: max(0, self.bus._watermarks(*tp)[1] - pos) for tp, pos in self._positions.items()}
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._c.close()

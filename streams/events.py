@@ -1,0 +1,126 @@
+"""Typed events over the bus: publish dataclass events, consume decoded ones, and dead-letter
+every record that cannot be decoded or is invalid — with the reason, never silently.
+
+    events = EventBus(bus, codec, metrics=m)
+    events.publish(SAMPLES_RAW, batch, key=batch.actor_id)
+    c = events.consumer("learner", [SAMPLES_PREPARED], stage="learner", expect=PreparedBatch)
+    for rec, ev in c.poll(0.1):
+        ...
+    c.commit()
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from schemas.codec import Codec
+from schemas.errors import CodecError, SchemaMismatchError
+from schemas.events import DeadLetter, now_ms
+from streams.bus.base import Bus, Consumer, Record, StartAt
+from streams.topics import DEADLETTER
+
+E = TypeVar("E")
+
+# A dead letter keeps the original bytes up to this size; the rest is cut and said so in detail.
+MAX_DEADLETTER_PAYLOAD = 4 * 1024 * 1024
+
+
+class DeadLetters:
+    """Writes DeadLetter events and counts them by reason."""
+
+    def __init__(self, bus: Bus, codec: Codec, on_dead_letter: Callable[[str, str], None] | None = None,
+                 topic: str = DEADLETTER) -> None:
+        self.bus = bus
+        self.codec = codec
+        self.topic = topic
+        self.on_dead_letter = on_dead_letter
+        self.counts: dict[str, int] = {}
+
+    def send(self, record: Record, reason: str, error: BaseException | str, stage: str, detail: str = "") -> None:
+        value = record.value
+        if len(value) > MAX_DEADLETTER_PAYLOAD:
+            detail = f"{detail} (payload of {len(value)} bytes cut to {MAX_DEADLETTER_PAYLOAD})".strip()
+            value = value[:MAX_DEADLETTER_PAYLOAD]
+        err_class = type(error).__name__ if isinstance(error, BaseException) else str(error)
+        if isinstance(error, BaseException) and not detail:
+            detail = "".join(traceback.format_exception_only(type(error), error)).strip()[:2000]
+        dl = DeadLetter(
+            topic=record.topic, partition=record.partition, offset=record.offset, value=bytes(value),
+            reason=reason, error_class=err_class, stage=stage, occurred_at_ms=now_ms(),
+            key=record.key, headers=dict(record.headers), detail=detail,
+        )
+        self.bus.produce(self.topic, self.codec.encode(dl), key=record.key, headers=self.codec.headers_for(dl))
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+        if self.on_dead_letter is not None:
+            self.on_dead_letter(record.topic, reason)
+
+
+class EventBus:
+    """A bus plus the codec: the only way roles touch topics."""
+
+    def __init__(self, bus: Bus, codec: Codec | None = None,
+                 on_dead_letter: Callable[[str, str], None] | None = None,
+                 dead_letter_topic: str = DEADLETTER) -> None:
+        self.bus = bus
+        self.codec = codec or Codec()
+        self.dead_letters = DeadLetters(bus, self.codec, on_dead_letter, topic=dead_letter_topic)
+
+    def publish(self, topic: str, event: Any, key: str | bytes | None = None) -> None:
+        if isinstance(key, str):
+            key = key.encode()
+        self.bus.produce(topic, self.codec.encode(event), key=key, headers=self.codec.headers_for(event))
+
+    def flush(self, timeout: float = 30.0) -> None:
+        self.bus.flush(timeout)
+
+    def consumer(self, group: str | None, topics: list[str], stage: str, expect: type[E] | tuple | None = None,
+                 start: StartAt = "earliest") -> "EventConsumer[E]":
+        return EventConsumer(self, self.bus.consumer(group, topics, start=start), stage, expect)
+
+
+class EventConsumer(Generic[E]):
+    """Decodes records; a record that fails (corrupt, unknown schema, wrong type, invalid) goes
+    to the dead-letter topic with the reason and is committed past like any handled record."""
+
+    def __init__(self, events: EventBus, consumer: Consumer, stage: str, expect: type | tuple | None) -> None:
+        self.events = events
+        self.raw = consumer
+        self.stage = stage
+        self.expect = expect if isinstance(expect, tuple) or expect is None else (expect,)
+
+    def poll(self, timeout: float = 1.0, max_records: int = 500) -> list[tuple[Record, E]]:
+        out: list[tuple[Record, E]] = []
+        for rec in self.raw.poll(timeout, max_records):
+            ev = self.decode(rec)
+            if ev is not None:
+                out.append((rec, ev))
+        return out
+
+    def decode(self, rec: Record) -> E | None:
+        codec = self.events.codec
+        try:
+            ev = codec.decode(rec.value)
+            if self.expect is not None and not isinstance(ev, self.expect):
+                names = "/".join(t.__name__ for t in self.expect)
+                raise SchemaMismatchError(f"expected {names} on {rec.topic}, got {type(ev).__name__}")
+            validate = getattr(ev, "validate", None)
+            if validate is not None:
+                validate()
+            return ev
+        except CodecError as e:
+            self.events.dead_letters.send(rec, e.reason, e, self.stage)
+            return None
+
+    def dead_letter(self, rec: Record, reason: str, error: BaseException | str, detail: str = "") -> None:
+        self.events.dead_letters.send(rec, reason, error, self.stage, detail)
+
+    def commit(self, records: list[Record] | None = None) -> None:
+        self.raw.commit(records)
+
+    def lag(self) -> dict:
+        return self.raw.lag()
+
+    def close(self) -> None:
+        self.raw.close()

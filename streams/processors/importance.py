@@ -1,0 +1,201 @@
+"""Importance weights of behaviour vs current policy: truncated V-trace rho / c and a behaviour cap.
+
+With ``log_ratio = logp_current - logp_behaviour`` per transition (computed in log space):
+
+* ``rho = min(rho_bar, exp(log_ratio))`` and ``c = min(c_bar, exp(log_ratio))`` (V-trace,
+  Espeholt et al. 2018; defaults 1.0);
+* AReaL-style behaviour-weight cap: a transition whose raw ratio exceeds ``behaviour_cap``
+  is masked (rho = c = 0) and counted -- its behaviour policy is too far from the current one
+  to be corrected by truncation;
+* a non-finite log ratio (NaN/inf from either policy) is masked and counted as well.
+
+Weights are exactly 1 when the behaviour version is the current version (``ones``); the
+current policy's log-probs come from an injected ``LogpFn``; ``PolicyLogpFn`` builds one
+from a ``PolicyVersion`` (safetensors weights + arch metadata -> ``agents.networks.Policy``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from schemas.events import ClaimCheck, PolicyVersion, SampleBatch
+
+#: ``logp_fn(obs [T, N, obs_dim], actions [T, N, act_dim]) -> logp [T, N]`` of the current policy.
+LogpFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+class LogpFactory(Protocol):
+    def __call__(self, pv: PolicyVersion) -> LogpFn: ...
+
+
+class PolicyBuildError(ValueError):
+    """A PolicyVersion's weights cannot be turned into a policy (missing, wrong arch, ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ImportanceResult:
+    rho: np.ndarray  # float32 [T, N]
+    c: np.ndarray  # float32 [T, N]
+    computed: bool  # False: on-policy, weights are exactly 1
+    capped: int = 0  # transitions masked by the behaviour cap
+    nonfinite: int = 0  # transitions masked because the log ratio was not finite
+    mean_log_ratio: float = 0.0  # over finite transitions
+    max_log_ratio: float = 0.0
+
+
+class ImportanceWeights:
+    """Truncated importance weights (see the module docstring).
+
+    Args:
+        rho_bar: truncation of rho (V-trace rho-bar); ``math.inf`` for none.
+        c_bar: truncation of c (V-trace c-bar).
+        behaviour_cap: mask transitions with ratio above this (None: no cap). Must be >= 1.
+        max_log_ratio: log ratios are clamped to +-this before exponentiation (overflow guard).
+    """
+
+    def __init__(self, rho_bar: float = 1.0, c_bar: float = 1.0, behaviour_cap: float | None = None,
+                 max_log_ratio: float = 20.0) -> None:
+        if not (rho_bar > 0 and c_bar > 0):
+            raise ValueError("rho_bar and c_bar must be > 0")
+        if behaviour_cap is not None and not behaviour_cap >= 1.0:
+            raise ValueError("behaviour_cap must be >= 1 (or None)")
+        if not max_log_ratio > 0:
+            raise ValueError("max_log_ratio must be > 0")
+        self.rho_bar = float(rho_bar)
+        self.c_bar = float(c_bar)
+        self.behaviour_cap = None if behaviour_cap is None else float(behaviour_cap)
+        self.max_log_ratio = float(max_log_ratio)
+        self._log_rho_bar = math.log(self.rho_bar) if math.isfinite(self.rho_bar) else math.inf
+        self._log_c_bar = math.log(self.c_bar) if math.isfinite(self.c_bar) else math.inf
+        self._log_cap = None if self.behaviour_cap is None else (
+            math.log(self.behaviour_cap) if math.isfinite(self.behaviour_cap) else math.inf)
+
+    @staticmethod
+    def ones(shape: tuple[int, ...]) -> ImportanceResult:
+        w = np.ones(shape, dtype=np.float32)
+        return ImportanceResult(w, w, computed=False)
+
+    def from_logps(self, behaviour_logp: np.ndarray, current_logp: np.ndarray) -> ImportanceResult:
+        b = np.asarray(behaviour_logp, dtype=np.float64)
+        p = np.asarray(current_logp, dtype=np.float64)
+        if b.shape != p.shape:
+            raise ValueError(f"current logp shape {p.shape} != behaviour logp shape {b.shape}")
+        with np.errstate(invalid="ignore", over="ignore"):
+            lr = p - b
+        finite = np.isfinite(lr)
+        nonfinite = int(lr.size - np.count_nonzero(finite))
+        lr = np.where(finite, lr, 0.0)
+        mask = finite
+        capped = 0
+        if self._log_cap is not None:
+            over = lr > self._log_cap
+            capped = int(np.count_nonzero(over & finite))
+            if capped:
+                mask = finite & ~over
+        lr = np.clip(lr, -self.max_log_ratio, self.max_log_ratio)
+        rho = np.exp(np.minimum(lr, self._log_rho_bar))
+        if self.c_bar == self.rho_bar:
+            c = rho
+        else:
+            c = np.exp(np.minimum(lr, self._log_c_bar))
+        if nonfinite or capped:
+            rho = np.where(mask, rho, 0.0)
+            c = np.where(mask, c, 0.0)
+        rho32 = rho.astype(np.float32)
+        c32 = rho32 if c is rho else c.astype(np.float32)
+        n_ok = lr.size - nonfinite
+        mean_lr = float(lr[finite].mean()) if n_ok and nonfinite else (float(lr.mean()) if lr.size else 0.0)
+        max_lr = float(lr[finite].max()) if n_ok else 0.0
+        return ImportanceResult(rho32, c32, True, capped, nonfinite, mean_lr, max_lr)
+
+    def compute(self, batch: SampleBatch, logp_fn: LogpFn | None, current_version: int) -> ImportanceResult:
+        """Weights for ``batch`` under the policy of ``current_version`` (``logp_fn``)."""
+        if logp_fn is None or batch.policy_version >= current_version:
+            return self.ones(batch.behaviour_logp.shape)
+        return self.from_logps(batch.behaviour_logp, logp_fn(batch.obs, batch.actions))
+
+
+# --- current policy log-probs from a PolicyVersion ----------------------------------------
+
+def _default_policy_factory(arch: dict[str, Any]) -> Any:
+    """``agents.networks.Policy`` from arch metadata (obs_dim, act_dim, hidden, activation, ...)."""
+    try:
+        from agents.networks import Policy
+    except ImportError as e:  # agents/ not installed in this process
+        raise PolicyBuildError(f"agents.networks.Policy is not importable: {e}") from e
+    params = inspect.signature(Policy).parameters
+    kwargs = {k: v for k, v in arch.items() if k in params}
+    missing = [k for k in ("obs_dim", "act_dim") if k not in kwargs]
+    if missing:
+        raise PolicyBuildError(f"weights arch metadata lacks {missing} (has {sorted(arch)})")
+    if "hidden" in kwargs and kwargs["hidden"] is not None:
+        kwargs["hidden"] = tuple(int(h) for h in kwargs["hidden"])
+    try:
+        return Policy(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise PolicyBuildError(f"cannot build Policy from arch {arch}: {e}") from e
+
+
+class PolicyLogpFn:
+    """A ``LogpFn`` over a torch policy module with ``log_prob(obs, actions)``; no grad, CPU.
+
+    Build from a PolicyVersion with ``from_policy_version`` (the wiring passes
+    ``PolicyLogpFn.from_policy_version`` as the pipeline's ``logp_factory``).
+    """
+
+    def __init__(self, policy: Any, version: int | None = None) -> None:
+        self.policy = policy
+        self.version = version
+        if hasattr(policy, "eval"):
+            policy.eval()
+
+    def __call__(self, obs: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        import torch
+
+        o = torch.from_numpy(np.array(obs, dtype=np.float32, copy=True))
+        a = torch.from_numpy(np.array(actions, dtype=np.float32, copy=True))
+        with torch.inference_mode():
+            lp = self.policy.log_prob(o, a)
+        out = lp.detach().to("cpu").numpy()
+        expected = tuple(np.shape(obs)[:2])
+        if out.shape != expected:
+            raise ValueError(f"policy log_prob returned shape {out.shape}, expected {expected}")
+        return out
+
+    @classmethod
+    def from_policy_version(
+        cls,
+        pv: PolicyVersion,
+        fetch: Callable[[ClaimCheck], bytes] | None = None,
+        policy_factory: Callable[[dict[str, Any]], Any] = _default_policy_factory,
+    ) -> "PolicyLogpFn":
+        """Decode ``pv``'s safetensors weights (inline, or via ``fetch`` for a claim check)
+        and load them into the module ``policy_factory(arch)`` builds."""
+        from schemas.weights import decode_weights, sha256
+
+        data = pv.weights
+        if data is None:
+            if pv.weights_ref is None:
+                raise PolicyBuildError(f"policy version {pv.version} carries no weights")
+            if fetch is None:
+                raise PolicyBuildError(
+                    f"policy version {pv.version} weights are claim-checked ({pv.weights_ref.store}:"
+                    f"{pv.weights_ref.key}) and no fetch function was given")
+            data = fetch(pv.weights_ref)
+            if sha256(data) != pv.weights_ref.sha256:
+                raise PolicyBuildError(f"policy version {pv.version}: claim-checked weights sha256 mismatch")
+        if pv.weights_format != "safetensors":
+            raise PolicyBuildError(f"weights format {pv.weights_format!r} is not supported (safetensors only)")
+        state, arch = decode_weights(data)
+        policy = policy_factory(arch)
+        try:
+            policy.load_state_dict(state, strict=True)
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise PolicyBuildError(f"policy version {pv.version}: weights do not fit arch {arch}: {e}") from e
+        return cls(policy, pv.version)

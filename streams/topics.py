@@ -1,0 +1,51 @@
+"""The one place that names the topics, their keys and their settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    key: str  # what the record key is, for humans and for partitioning
+    partitions: int = 1
+    compacted: bool = False
+    config: dict[str, str] = field(default_factory=dict)
+
+
+POLICY_VERSIONS = "rl.policy.versions"
+SAMPLES_RAW = "rl.samples.raw"
+SAMPLES_PREPARED = "rl.samples.prepared"
+LEARNER_STEPS = "rl.learner.steps"
+PREFERENCES = "rl.preferences"
+DEADLETTER = "rl.deadletter"
+SCHEMAS = "rl.schemas"
+
+# Retention -1: topics are the training record and must stay replayable (offline DPO, audits).
+_KEEP = {"retention.ms": "-1", "max.message.bytes": "16777216"}
+
+TOPICS: dict[str, TopicSpec] = {
+    t.name: t
+    for t in (
+        TopicSpec(POLICY_VERSIONS, key="policy_id", config=_KEEP),
+        TopicSpec(SAMPLES_RAW, key="actor_id", config=_KEEP),
+        TopicSpec(SAMPLES_PREPARED, key="actor_id", config=_KEEP),
+        TopicSpec(LEARNER_STEPS, key="learner_id", config=_KEEP),
+        TopicSpec(PREFERENCES, key="env_id", config=_KEEP),
+        TopicSpec(DEADLETTER, key="original key", config=_KEEP),
+        TopicSpec(SCHEMAS, key="schema fingerprint", compacted=True,
+                  config={"cleanup.policy": "compact", "max.message.bytes": "1048576"}),
+    )
+}
+
+
+def all_topics(partitions: int | None = None) -> list[TopicSpec]:
+    """Every topic; ``partitions`` overrides the count of the keyed data topics."""
+    if partitions is None:
+        return list(TOPICS.values())
+    return [
+        TopicSpec(t.name, t.key, partitions if t.name in (SAMPLES_RAW, SAMPLES_PREPARED) else t.partitions,
+                  t.compacted, t.config)
+        for t in TOPICS.values()
+    ]

@@ -1,0 +1,100 @@
+"""Fixtures for the operations layer tests (rlstream/obs, learner ops pieces, compose/).
+
+Redis: ``redis_url`` uses ``$REDIS_URL`` when it is set and answers PING;
+otherwise it starts a throwaway ``redis-server`` on a free port (no
+persistence) for the session and kills it afterwards; otherwise the test is
+skipped, except when ``CI=true``, where a missing Redis fails the run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ping(url: str) -> bool:
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=1.0, socket_timeout=1.0)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:
+        return False
+
+
+def _unavailable(msg: str) -> None:
+    if os.environ.get("CI", "").strip().lower() == "true":
+        pytest.fail(f"Redis is required when CI=true: {msg}")
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def redis_server_url() -> Iterator[str]:
+    url = os.environ.get("REDIS_URL", "").strip()
+    if url and _ping(url):
+        yield url
+        return
+    exe = shutil.which("redis-server")
+    if exe is None:
+        _unavailable(f"REDIS_URL {'unreachable' if url else 'unset'} and no redis-server on PATH")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    local_url = f"redis://127.0.0.1:{port}/0"
+    try:
+        deadline = time.monotonic() + 10.0
+        while not _ping(local_url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                _unavailable(f"redis-server on port {port} did not come up (rc={proc.poll()})")
+            time.sleep(0.05)
+        yield local_url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+@pytest.fixture
+def redis_url(redis_server_url: str) -> str:
+    return redis_server_url
+
+
+@pytest.fixture
+def redis_prefix(redis_url: str) -> Iterator[str]:
+    """A unique key prefix; its keys are deleted afterwards (never FLUSHDB a shared Redis)."""
+    import redis
+
+    prefix = f"rlstream-test:{uuid.uuid4().hex[:10]}"
+    yield prefix
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}:*"))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()

@@ -1,0 +1,336 @@
+"""Tests for rlstream.broker (stdlib + pytest only).
+
+Unit tests run everywhere; the ``kafka`` marked test starts a real broker
+(needs java, and mvn unless the jars are already cached)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import socket
+import struct
+import threading
+import time
+import uuid
+
+import pytest
+
+from rlstream import broker
+from rlstream.broker import (
+    LocalKafka,
+    PortBusyError,
+    main,
+    metadata,
+    parse_api_versions_v0,
+    probe,
+    render_log4j,
+    render_pom,
+    render_properties,
+    server_properties,
+)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+class DummyServer:
+    """A TCP server on 127.0.0.1 that runs ``handler(conn)`` per connection."""
+
+    def __init__(self, handler):
+        self.handler = handler
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self._stop = False
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        self.sock.settimeout(0.1)
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn:
+                try:
+                    self.handler(conn)
+                except OSError:
+                    pass
+
+    def close(self):
+        self._stop = True
+        self.thread.join(2)
+        self.sock.close()
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(handler):
+        srv = DummyServer(handler)
+        servers.append(srv)
+        return srv
+
+    yield start
+    for srv in servers:
+        srv.close()
+
+
+def _read_request(conn):
+    size = struct.unpack(">i", conn.recv(4))[0]
+    data = b""
+    while len(data) < size:
+        data += conn.recv(size - len(data))
+    api_key, api_version, corr = struct.unpack_from(">hhi", data)
+    return api_key, api_version, corr
+
+
+def fake_kafka(brokers):
+    """A handler answering ApiVersions v0 and Metadata v4 like a broker would."""
+
+    def handler(conn):
+        while True:
+            try:
+                api_key, _, corr = _read_request(conn)
+            except (struct.error, OSError):
+                return
+            if api_key == 18:
+                apis = [(3, 0, 12), (18, 0, 3)]
+                body = struct.pack(">hi", 0, len(apis)) + b"".join(
+                    struct.pack(">hhh", *a) for a in apis)
+            else:
+                body = struct.pack(">ii", 0, len(brokers))
+                for node_id, host, port in brokers:
+                    h = host.encode()
+                    body += struct.pack(">ih", node_id, len(h)) + h + struct.pack(">ih", port, -1)
+                body += struct.pack(">hii", -1, 1, 0)  # cluster id null, controller 1, 0 topics
+            resp = struct.pack(">i", corr) + body
+            conn.sendall(struct.pack(">i", len(resp)) + resp)
+
+    return handler
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------- probe
+
+
+def test_probe_closed_port_not_ready():
+    out = probe("127.0.0.1", _free_port(), timeout=0.5)
+    assert out == {**out, "listening": False, "kafka": False, "ready": False}
+
+
+def test_probe_http_server_is_not_kafka(serve):
+    def http(conn):
+        conn.recv(1024)
+        conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    srv = serve(http)
+    out = probe("127.0.0.1", srv.port, timeout=1)
+    assert out["listening"] and not out["kafka"] and not out["ready"]
+    assert not broker.is_ready(srv.port)
+
+
+def test_probe_accept_and_close_is_not_kafka(serve):
+    srv = serve(lambda conn: None)
+    out = probe("127.0.0.1", srv.port, timeout=1)
+    assert out["listening"] and not out["kafka"] and not out["ready"]
+
+
+def test_probe_silent_server_times_out(serve):
+    srv = serve(lambda conn: time.sleep(1.5))
+    t0 = time.monotonic()
+    out = probe("127.0.0.1", srv.port, timeout=0.5)
+    assert not out["ready"] and not out["kafka"]
+    assert time.monotonic() - t0 < 1.4
+
+
+def test_probe_fake_kafka_ready_only_with_alive_broker(serve):
+    empty = serve(fake_kafka([]))
+    out = probe("127.0.0.1", empty.port, timeout=1)
+    assert out["kafka"] and not out["ready"]
+    assert "no alive broker" in out["error"]
+
+    full = serve(fake_kafka([(1, "127.0.0.1", 9092)]))
+    out = probe("127.0.0.1", full.port, timeout=1)
+    assert out["ready"] and out["brokers"] == [(1, "127.0.0.1", 9092)]
+    md = metadata("127.0.0.1", full.port, timeout=1)
+    assert md["controller_id"] == 1 and md["topics"] == {} and md["cluster_id"] is None
+
+
+def test_parse_api_versions_rejects_garbage():
+    with pytest.raises(ValueError):
+        parse_api_versions_v0(struct.pack(">hi", 0, 1000) + b"\0" * 6)
+    assert parse_api_versions_v0(struct.pack(">hihhh", 0, 1, 18, 0, 3)) == (0, {18: (0, 3)})
+
+
+def test_port_held_by_non_kafka_is_refused(serve, tmp_path):
+    srv = serve(lambda conn: None)
+    kafka = LocalKafka(port=srv.port, controller_port=_free_port(), data_dir=tmp_path, quiet=True)
+    with pytest.raises(PortBusyError) as err:
+        kafka.start(timeout=5)
+    assert not err.value.is_kafka and "not Kafka" in str(err.value)
+
+
+def test_port_held_by_foreign_kafka_is_reported(serve, tmp_path):
+    srv = serve(fake_kafka([(1, "127.0.0.1", 1)]))
+    kafka = LocalKafka(port=srv.port, controller_port=_free_port(), data_dir=tmp_path, quiet=True)
+    with pytest.raises(PortBusyError) as err:
+        kafka.start(timeout=5)
+    assert err.value.is_kafka
+    # the CLI treats "a Kafka already answers" as success
+    assert main(["start", "--port", str(srv.port), "--controller-port",
+                 str(_free_port()), "--data-dir", str(tmp_path)]) == 0
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def test_server_properties_single_node():
+    props = server_properties(port=19092, controller_port=19093, log_dir="/x/logs")
+    assert props["process.roles"] == "broker,controller"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:19093"
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
+    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:19092"
+    assert props["log.dirs"] == "/x/logs"
+    assert props["message.max.bytes"] == props["replica.fetch.max.bytes"] == "16777216"
+    assert props["transaction.state.log.min.isr"] == "1"
+    assert props["offsets.topic.replication.factor"] == "1"
+    assert props["auto.create.topics.enable"] == "true"
+    assert props["num.partitions"] == "1"
+    assert props["log.retention.hours"] == "-1"
+    assert props["group.initial.rebalance.delay.ms"] == "0"
+    assert not any(k.startswith("share.") for k in props)
+    assert "share.coordinator.state.topic.min.isr" in server_properties(
+        port=1, controller_port=2, log_dir="/x", version="4.1.1")
+    assert server_properties(port=1, controller_port=2, log_dir="/x",
+                             extra={"num.partitions": 4})["num.partitions"] == "4"
+
+
+def test_render_properties_round_trips():
+    props = server_properties(port=9092, controller_port=9093, log_dir="/d")
+    text = render_properties(props)
+    parsed = dict(line.split("=", 1) for line in text.splitlines()
+                  if line and not line.startswith("#"))
+    assert parsed == props
+
+
+def test_default_paths_and_controller_port(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLSTREAM_CACHE", str(tmp_path))
+    monkeypatch.delenv("RLSTREAM_KAFKA_VERSION", raising=False)
+    kafka = LocalKafka(port=29092)
+    assert kafka.version == broker.KAFKA_VERSION == "3.9.1"
+    assert kafka.controller_port == 29093
+    assert kafka.bootstrap == "127.0.0.1:29092"
+    assert kafka.data_dir == tmp_path / "kafka-3.9.1" / "data-29092"
+    monkeypatch.setenv("RLSTREAM_KAFKA_VERSION", "3.9.2")
+    assert LocalKafka().version == "3.9.2"
+
+
+def test_pom_and_log4j():
+    pom = render_pom("3.9.1")
+    for needle in ("<artifactId>kafka_2.13</artifactId>", "<version>3.9.1</version>",
+                   "<artifactId>slf4j-reload4j</artifactId>", "<version>1.7.36</version>",
+                   "<artifactId>reload4j</artifactId>", "<version>1.2.25</version>"):
+        assert needle in pom
+    assert "log4j-slf4j-impl" in render_pom("4.1.1")
+    log4j = render_log4j()
+    assert "${kafka.logs.dir}/server.log" in log4j
+    assert "log4j.logger.kafka.request.logger=WARN" in log4j
+
+
+def test_cluster_id_format():
+    for _ in range(200):
+        cid = broker.new_cluster_id()
+        assert len(cid) == 22 and not cid.startswith("-")
+        assert len(base64.urlsafe_b64decode(cid + "==")) == 16
+
+
+def test_cli_status_and_stop_when_nothing_runs(tmp_path, capsys):
+    port = _free_port()
+    args = ["--port", str(port), "--data-dir", str(tmp_path)]
+    assert main(["status", *args]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status == {**status, "running": False, "pid": None, "port": port,
+                      "version": "3.9.1", "data_dir": str(tmp_path.resolve()), "ready": False}
+    assert main(["stop", *args]) == 0
+
+
+def test_stale_pid_file_is_ignored(tmp_path):
+    kafka = LocalKafka(port=_free_port(), data_dir=tmp_path)
+    (tmp_path / "broker.pid").write_text("999999999\n")
+    assert kafka.pid is None and not kafka.is_running()
+    assert kafka.stop() is False
+    assert not (tmp_path / "broker.pid").exists()
+
+
+def test_missing_mvn_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLSTREAM_CACHE", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(broker.BrokerError, match="mvn not found"):
+        broker.fetch("3.9.1", quiet=True)
+
+
+# ---------------------------------------------------------------- real broker
+
+
+def _kafka_available() -> str | None:
+    try:
+        broker.find_java()
+    except broker.BrokerError as exc:
+        return f"no java: {exc}"
+    if not broker.is_fetched(broker.default_version()) and shutil.which("mvn") is None:
+        return "Kafka jars not cached and mvn not installed (apt-get install -y maven)"
+    return None
+
+
+def _pick_port(preferred: int) -> int:
+    return preferred if broker.port_is_free(preferred) else _free_port()
+
+
+@pytest.mark.kafka
+def test_start_stop_restart_keeps_data(tmp_path):
+    reason = _kafka_available()
+    if reason:
+        pytest.skip(reason)
+    port = _pick_port(19092)
+    ctrl = _pick_port(port + 1)
+    kafka = LocalKafka(port=port, controller_port=ctrl, data_dir=tmp_path / "kafka", quiet=True)
+    topic = "rlstream-test-" + uuid.uuid4().hex[:8]
+    try:
+        kafka.start(timeout=120)
+        assert kafka.is_ready() and kafka.is_running()
+        pid1 = kafka.pid
+        assert kafka.status()["ready"] is True
+        # create a topic through auto-creation (stdlib-only client)
+        deadline = time.monotonic() + 30
+        while metadata(port=port, topics=[topic], allow_auto_create=True)[
+                "topics"][topic]["error_code"] != 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+
+        # graceful restart on the same data dir keeps the topic
+        kafka.restart(timeout=120)
+        assert kafka.pid != pid1 and kafka.is_ready()
+        assert topic in metadata(port=port)["topics"]
+
+        # crash (SIGKILL) and recover
+        pid2 = kafka.pid
+        assert kafka.kill()
+        assert not broker._pid_alive(pid2) and not kafka.is_ready()
+        kafka.start(timeout=120)
+        assert topic in metadata(port=port)["topics"]
+    finally:
+        kafka.stop()
+    assert not kafka.is_running()
+    assert broker.port_is_free(port) and broker.port_is_free(ctrl)
+    assert not (tmp_path / "kafka" / "broker.pid").exists()
