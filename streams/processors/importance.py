@@ -109,9 +109,9 @@ class ImportanceWeights:
             c = np.where(mask, c, 0.0)
         rho32 = rho.astype(np.float32)
         c32 = rho32 if c is rho else c.astype(np.float32)
-        n_ok = lr.size - nonfinite
-        mean_lr = float(lr[finite].mean()) if n_ok and nonfinite else (float(lr.mean()) if lr.size else 0.0)
-        max_lr = float(lr[finite].max()) if n_ok else 0.0
+        ok = lr if not nonfinite else lr[finite]
+        mean_lr = float(ok.mean()) if ok.size else 0.0
+        max_lr = float(ok.max()) if ok.size else 0.0
         return ImportanceResult(rho32, c32, True, capped, nonfinite, mean_lr, max_lr)
 
     def compute(self, batch: SampleBatch, logp_fn: LogpFn | None, current_version: int) -> ImportanceResult:

@@ -1,0 +1,142 @@
+"""Shared fixtures: a Kafka broker for the session, and ``bus`` run over every backend.
+
+``kafka_bootstrap`` finds a broker, in this order: env ``KAFKA_BROKERS``; a Kafka already
+answering on 127.0.0.1:9092 (``rlstream broker start``); testcontainers' Kafka where a Docker
+engine answers; a ``rlstream.broker.LocalKafka`` started on free ports for this session.
+None of these -> the kafka tests fail when ``CI=true``, else they are skipped with the reasons.
+
+``bus`` is parametrised over ``memory`` and ``kafka`` (marked ``kafka``): a contract test
+takes ``bus`` and ``new_topic`` and runs against both. Topic names carry a uuid, so tests
+never see each other's records on the shared broker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import uuid
+
+import pytest
+
+from streams.topics import TopicSpec
+
+# Group joins dominate Kafka test time: heartbeat often so a rebalance is noticed in ~0.5 s.
+# 6000 ms is the broker's group.min.session.timeout.ms.
+TEST_CONSUMER_CONFIG = {"heartbeat.interval.ms": 500, "session.timeout.ms": 6000}
+# Every test topic allows 16 MiB records, also on a broker left at the 1 MiB default.
+TEST_TOPIC_CONFIG = {"max.message.bytes": str(16 * 1024 * 1024)}
+
+
+def _free_port_pair() -> int:
+    """A port p with p and p + 1 free (LocalKafka puts its controller on p + 1)."""
+    from rlstream.broker import port_is_free
+
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port < 65535 and port_is_free(port) and port_is_free(port + 1):
+            return port
+    raise RuntimeError("no two adjacent free ports on 127.0.0.1")
+
+
+def _docker_kafka(reasons: list[str]):
+    """A started testcontainers KafkaContainer, or None (reason appended)."""
+    try:
+        import docker
+        from testcontainers.community.kafka import KafkaContainer
+    except ImportError as e:
+        reasons.append(f"testcontainers not installed ({e.name})")
+        return None
+    try:
+        docker.from_env(timeout=3).ping()
+    except Exception as e:  # docker raises several types when no engine answers
+        reasons.append(f"no Docker engine ({type(e).__name__})")
+        return None
+    image = os.environ.get("RLSTREAM_TEST_KAFKA_IMAGE", "confluentinc/cp-kafka:7.9.0")  # Kafka 3.9
+    try:
+        container = KafkaContainer(image).with_kraft()
+        for k, v in {"KAFKA_MESSAGE_MAX_BYTES": "16777216", "KAFKA_REPLICA_FETCH_MAX_BYTES": "16777216",
+                     "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
+                     "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1"}.items():
+            container.with_env(k, v)
+        return container.start(timeout=180)
+    except Exception as e:
+        reasons.append(f"testcontainers Kafka {image} did not start: {e}")
+        return None
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory):
+    """Bootstrap servers of a running Kafka for this session (see the module docstring)."""
+    env = os.environ.get("KAFKA_BROKERS")
+    if env:
+        yield env
+        return
+    from rlstream.broker import BrokerError, LocalKafka, probe
+
+    reasons = ["KAFKA_BROKERS unset"]
+    p = probe("127.0.0.1", 9092, timeout=2.0)
+    if p["ready"]:
+        yield "127.0.0.1:9092"
+        return
+    reasons.append(f"no Kafka on 127.0.0.1:9092 ({p['error']})")
+    container = _docker_kafka(reasons)
+    if container is not None:
+        try:
+            yield container.get_bootstrap_server()
+        finally:
+            container.stop()
+        return
+    kafka = None
+    try:
+        kafka = LocalKafka(port=_free_port_pair(), data_dir=tmp_path_factory.mktemp("kafka"), quiet=True)
+        kafka.start(timeout=240)
+    except (BrokerError, OSError, RuntimeError) as e:
+        reasons.append(f"LocalKafka did not start: {str(e).splitlines()[0]}")
+        if kafka is not None:
+            with contextlib.suppress(Exception):
+                kafka.stop()
+        kafka = None
+    if kafka is not None:
+        try:
+            yield kafka.bootstrap
+        finally:
+            kafka.stop()
+        return
+    msg = "no Kafka broker for the kafka tests: " + "; ".join(reasons)
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+@pytest.fixture(params=["memory", pytest.param("kafka", marks=pytest.mark.kafka)])
+def bus(request):
+    """A fresh bus of each backend (the Kafka one on the session broker)."""
+    if request.param == "memory":
+        from streams.bus.memory import MemoryBus
+
+        b = MemoryBus()
+    else:
+        from streams.bus.kafka import KafkaBus
+
+        b = KafkaBus(request.getfixturevalue("kafka_bootstrap"), client_id="rlstream-test",
+                     consumer_config=TEST_CONSUMER_CONFIG)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def new_topic(bus, request):
+    """``new_topic(partitions=1, config=None, tag="t") -> name``: a topic unique to this test."""
+    stem = re.sub(r"[^a-zA-Z0-9]+", "-", request.node.originalname)[:60].strip("-")
+
+    def make(partitions: int = 1, config: dict | None = None, tag: str = "t") -> str:
+        name = f"{tag}-{stem}-{uuid.uuid4().hex[:10]}"
+        bus.create_topics([TopicSpec(name, key="test", partitions=partitions,
+                                     config={**TEST_TOPIC_CONFIG, **(config or {})})])
+        return name
+
+    return make

@@ -1,0 +1,377 @@
+"""Contract tests run against every snapshot backend (local directory and real Redis)."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from learner.snapshots import (
+    LocalDirSnapshotStore,
+    RedisSnapshotStore,
+    SnapshotCorruptError,
+    SnapshotNotFoundError,
+    SnapshotPinnedError,
+    SnapshotStore,
+    flatten_state,
+    open_store,
+    rollback,
+    unflatten_state,
+)
+
+BACKENDS = ("local", "redis")
+
+
+def make_store(kind: str, tmp_path: Path, request: pytest.FixtureRequest, keep_last: int | None = 10):
+    if kind == "local":
+        return LocalDirSnapshotStore(tmp_path / "snaps", keep_last=keep_last, fsync=False)
+    url = request.getfixturevalue("redis_url")
+    prefix = request.getfixturevalue("redis_prefix")
+    return RedisSnapshotStore(url, prefix=prefix, keep_last=keep_last)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def store_factory(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Callable[..., SnapshotStore]:
+    return lambda keep_last=10: make_store(backend, tmp_path, request, keep_last)
+
+
+@pytest.fixture
+def store(store_factory: Callable[..., SnapshotStore]) -> SnapshotStore:
+    return store_factory()
+
+
+def weights(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "pi.weight": torch.randn(8, 4, generator=g),
+        "pi.bias": torch.randn(8, generator=g),
+        "log_std": torch.randn(2, generator=g).to(torch.bfloat16),
+        "counts": torch.arange(5, dtype=torch.int64),
+        "mask": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(3.5),
+        "empty": torch.zeros(0, 3),
+    }
+
+
+def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert set(a) == set(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+        assert torch.equal(a[k], b[k]), k
+
+
+def corrupt(store: SnapshotStore, version: int, part: str) -> None:
+    """Flip one byte of ``part`` (weights, state, record) in the backend's storage."""
+    if isinstance(store, LocalDirSnapshotStore):
+        suffix = {"weights": ".safetensors", "state": ".state.safetensors", "record": ".json"}[part]
+        path = store.path / f"v{version:08d}{suffix}"
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+    else:
+        assert isinstance(store, RedisSnapshotStore)
+        r = store._r
+        if part == "record":
+            key = store._k("meta", version)
+            data = bytearray(r.hget(key, "record"))
+            data[len(data) // 2] ^= 0x01
+            r.hset(key, "record", bytes(data))
+        else:
+            key = store._k(part, version)
+            data = bytearray(r.get(key))
+            data[len(data) // 2] ^= 0x01
+            r.set(key, bytes(data))
+
+
+def test_weights_and_meta_round_trip(store: SnapshotStore) -> None:
+    w = weights()
+    meta = {"algo": "ppo", "step": 12, "losses": {"loss_pi": 0.25}, "tags": ["a", "b"]}
+    ref = store.save(1, w, meta)
+    assert isinstance(store, SnapshotStore)
+    assert ref.version == 1 and len(ref.sha256) == 64 and ref.nbytes > 0 and not ref.has_state
+    assert ref.created_at_ms <= int(time.time() * 1000)
+    got, got_meta = store.load(1)
+    assert_same(w, got)
+    assert got_meta == meta
+    assert store.ref(1) == ref
+    assert store.meta(1) == meta
+    assert store.load_state(1) is None
+
+
+def test_blobs_are_safetensors_not_pickle(store: SnapshotStore) -> None:
+    store.save(1, weights(), state={"step": 1, "t": torch.ones(2)})
+    if isinstance(store, LocalDirSnapshotStore):
+        blobs = [(store.path / f"v00000001{s}").read_bytes() for s in (".safetensors", ".state.safetensors")]
+    else:
+        blobs = [store._r.get(store._k(k, 1)) for k in ("weights", "state")]
+    for blob in blobs:
+        (header_len,) = struct.unpack("<Q", blob[:8])
+        header = json.loads(blob[8 : 8 + header_len])  # safetensors: u64 length + JSON header
+        assert isinstance(header, dict)
+        assert not blob.startswith(b"\x80")  # no pickle protocol marker
+        assert b"PK\x03\x04" not in blob[:64]  # not a torch.save zip either
+
+
+def test_learner_state_round_trip_resumes_training(store: SnapshotStore) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(16, 4)
+    for _ in range(3):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "step": 3,
+        "rng": torch.get_rng_state(),
+        "dtype": torch.float32,
+        "shapes": (4, 8),
+        "none": None,
+    }
+    ref = store.save(3, model.state_dict(), {"step": 3}, state=state)
+    assert ref.has_state
+    got = store.load_state(3)
+    assert got["step"] == 3 and got["dtype"] is torch.float32 and got["shapes"] == (4, 8) and got["none"] is None
+    assert torch.equal(got["rng"], state["rng"])
+    assert set(got["optimizer"]["state"]) == {0, 1, 2, 3}  # int keys survive
+    assert got["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.999)
+
+    model2 = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-3)
+    model2.load_state_dict(got["model"])
+    opt2.load_state_dict(got["optimizer"])
+    for m, o in ((model, opt), (model2, opt2)):
+        o.zero_grad()
+        m(x).pow(2).mean().backward()
+        o.step()
+    for p1, p2 in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(p1, p2)  # resumed run continues bit-identically
+
+
+def test_unstorable_state_and_meta_are_refused(store: SnapshotStore) -> None:
+    with pytest.raises(TypeError, match="no pickle"):
+        store.save(1, weights(), state={"fn": lambda: 1})
+    with pytest.raises(TypeError):
+        store.save(1, weights(), meta={"t": torch.ones(1)})
+    with pytest.raises(TypeError):
+        store.save(1, {"w": [1.0, 2.0]})  # type: ignore[dict-item]
+    with pytest.raises(ValueError):
+        store.save(-1, weights())
+    assert store.versions() == []
+
+
+@pytest.mark.parametrize("part", ["weights", "record", "state"])
+def test_corruption_is_detected(store: SnapshotStore, part: str) -> None:
+    store.save(1, weights(), {"a": 1}, state={"t": torch.randn(100)})
+    corrupt(store, 1, part)
+    with pytest.raises(SnapshotCorruptError):
+        store.load(1) if part != "state" else store.load_state(1)
+
+
+def test_truncated_or_missing_blob_is_corrupt(store: SnapshotStore) -> None:
+    store.save(1, weights())
+    if isinstance(store, LocalDirSnapshotStore):
+        p = store.path / "v00000001.safetensors"
+        p.write_bytes(p.read_bytes()[:-10])
+    else:
+        store._r.set(store._k("weights", 1), store._r.get(store._k("weights", 1))[:-10])
+    with pytest.raises(SnapshotCorruptError, match="bytes"):
+        store.load(1)
+    store.save(2, weights())
+    if isinstance(store, LocalDirSnapshotStore):
+        (store.path / "v00000002.safetensors").unlink()
+    else:
+        store._r.delete(store._k("weights", 2))
+    with pytest.raises(SnapshotCorruptError, match="missing"):
+        store.load(2)
+
+
+def test_versions_latest_delete_not_found(store: SnapshotStore) -> None:
+    assert store.versions() == [] and store.latest() is None
+    for v in (5, 1, 12):
+        store.save(v, weights(v))
+    assert store.versions() == [1, 5, 12] and store.latest() == 12
+    store.delete(5)
+    assert store.versions() == [1, 12]
+    with pytest.raises(SnapshotNotFoundError):
+        store.load(5)
+    with pytest.raises(SnapshotNotFoundError):
+        store.delete(5)
+    with pytest.raises(KeyError):  # SnapshotNotFoundError is a KeyError too
+        store.load_state(99)
+
+
+def test_resave_replaces(store: SnapshotStore) -> None:
+    store.save(1, weights(1), {"try": 1}, state={"x": torch.ones(1)})
+    store.save(1, weights(2), {"try": 2})
+    got, meta = store.load(1)
+    assert_same(got, weights(2))
+    assert meta == {"try": 2} and store.load_state(1) is None
+
+
+def test_retention_deletes_oldest_but_keeps_pinned(store_factory: Callable[..., SnapshotStore]) -> None:
+    store = store_factory(keep_last=3)
+    store.save(1, weights())
+    store.save(2, weights())
+    store.pin(2)
+    for v in range(3, 8):
+        store.save(v, weights())
+    assert store.versions() == [2, 5, 6, 7]
+    assert store.pinned() == {2}
+    with pytest.raises(SnapshotPinnedError):
+        store.delete(2)
+    assert_same(store.load(2)[0], weights())
+    # pins are stored with the snapshots: a second handle (another process) sees them
+    other = store_factory(keep_last=1)
+    assert other.pinned() == {2}
+    assert other.prune() == [5, 6]
+    assert other.versions() == [2, 7]
+    other.unpin(2)
+    assert other.prune() == [2]
+    with pytest.raises(SnapshotNotFoundError):
+        other.pin(2)
+
+
+def test_keep_everything(store_factory: Callable[..., SnapshotStore]) -> None:
+    store = store_factory(keep_last=None)
+    for v in range(1, 15):
+        store.save(v, {"w": torch.ones(1)})
+    assert store.versions() == list(range(1, 15))
+    with pytest.raises(ValueError):
+        store_factory(keep_last=0)
+
+
+def test_rollback_returns_verified_weights(store: SnapshotStore) -> None:
+    for v in range(1, 4):
+        store.save(v, weights(v), {"v": v}, state={"step": v})
+    snap = rollback(store, 2)
+    assert snap.version == 2 and snap.meta == {"v": 2} and snap.state is None
+    assert_same(snap.weights, weights(2))
+    assert store.pinned() == set()
+    snap = rollback(store, 1, with_state=True, pin=True)
+    assert snap.state == {"step": 1} and store.pinned() == {1}
+    with pytest.raises(SnapshotNotFoundError):
+        rollback(store, 42)
+    corrupt(store, 3, "weights")
+    with pytest.raises(SnapshotCorruptError):
+        rollback(store, 3)
+
+
+def test_shared_tensors_are_saved(store: SnapshotStore) -> None:
+    w = torch.randn(4, 4)
+    tied = {"embed.weight": w, "head.weight": w, "half": w[:2]}
+    store.save(1, tied)
+    got, _ = store.load(1)
+    assert torch.equal(got["embed.weight"], w) and torch.equal(got["head.weight"], w)
+    assert torch.equal(got["half"], w[:2])
+    # in learner state the same tensor object comes back as one object
+    store.save(2, {"x": torch.ones(1)}, state={"a": w, "b": w})
+    st = store.load_state(2)
+    assert st["a"] is st["b"] and torch.equal(st["a"], w)
+
+
+def test_flatten_structure_is_json() -> None:
+    tensors, structure = flatten_state({"state": {0: {"step": torch.tensor(1.0)}}, "groups": [{"lr": 1e-3}]})
+    json.dumps(structure)
+    assert list(tensors) == ["t0"]
+    back = unflatten_state(tensors, structure)
+    assert back["groups"] == [{"lr": 1e-3}] and torch.equal(back["state"][0]["step"], torch.tensor(1.0))
+    with pytest.raises(TypeError):
+        flatten_state({(1, 2): 3})
+
+
+def test_local_writes_are_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = LocalDirSnapshotStore(tmp_path, keep_last=5)
+    store.save(1, weights())
+    names = sorted(os.listdir(tmp_path))
+    assert names == ["v00000001.json", "v00000001.safetensors"]
+
+    real_replace = os.replace
+
+    def crash_on_record(src, dst):
+        if str(dst).endswith(".json"):
+            raise OSError("disk full")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", crash_on_record)
+    with pytest.raises(OSError):
+        store.save(2, weights(2))
+    monkeypatch.undo()
+    assert store.versions() == [1]  # the record is the commit point
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+    (tmp_path / "garbage.txt").write_text("x")
+    (tmp_path / ".v00000009.json.1.ab.tmp").write_text("{")
+    assert store.versions() == [1]
+
+
+def test_open_store_factory(tmp_path: Path) -> None:
+    s1 = open_store(str(tmp_path / "a"))
+    assert isinstance(s1, LocalDirSnapshotStore) and s1.keep_last == 10
+    s2 = open_store((tmp_path / "b").as_uri() + "?keep_last=3")
+    assert isinstance(s2, LocalDirSnapshotStore) and s2.keep_last == 3 and s2.path == tmp_path / "b"
+    s2.save(1, {"w": torch.ones(1)})
+    assert open_store(s2.url).versions() == [1]
+    assert open_store(tmp_path / "c", keep_last=None).keep_last is None
+    s3 = open_store("redis://user:secret@localhost:6399/2?prefix=run42&keep_last=0")
+    assert isinstance(s3, RedisSnapshotStore)
+    assert s3.prefix == "run42" and s3.keep_last is None
+    assert "secret" not in s3.url and "prefix=run42" in s3.url
+    with pytest.raises(ValueError):
+        open_store("s3://bucket/x")
+
+
+def test_open_store_redis(redis_url: str, redis_prefix: str) -> None:
+    store = open_store(f"{redis_url}?prefix={redis_prefix}&keep_last=2")
+    for v in range(1, 5):
+        store.save(v, {"w": torch.full((3,), float(v))})
+    assert store.versions() == [3, 4]
+    ref = store.ref(4)
+    assert ref.key == f"{redis_prefix}:weights:4"
+    assert isinstance(store, RedisSnapshotStore)
+    keys = {k.decode() for k in store.iter_keys()}
+    assert keys == {f"{redis_prefix}:{k}" for k in ("versions", "meta:3", "meta:4", "weights:3", "weights:4")}
+    store.close()
+
+
+def _state_1m() -> tuple[dict[str, torch.Tensor], dict]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.Tanh(), nn.Linear(1024, 700), nn.Tanh(), nn.Linear(700, 8))
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 256)).sum().backward()
+    opt.step()
+    return model.state_dict(), {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 1}
+
+
+def test_print_save_load_times_1m_params(store: SnapshotStore, backend: str, capsys: pytest.CaptureFixture) -> None:
+    """Informational only: prints timings, asserts none (shared CI cores are noisy)."""
+    w, state = _state_1m()
+    n = sum(t.numel() for t in w.values())
+    assert 900_000 <= n <= 1_200_000
+    t0 = time.perf_counter()
+    ref = store.save(1, w, {"n": n}, state=state)
+    t1 = time.perf_counter()
+    got, _ = store.load(1)
+    t2 = time.perf_counter()
+    store.load_state(1)
+    t3 = time.perf_counter()
+    assert_same(w, got)
+    with capsys.disabled():
+        print(
+            f"\n[snapshot timing] {backend}: {n / 1e6:.2f}M params, weights {ref.nbytes / 2**20:.1f} MiB: "
+            f"save(weights+state) {1e3 * (t1 - t0):.1f} ms, load weights (rollback) {1e3 * (t2 - t1):.1f} ms, "
+            f"load state {1e3 * (t3 - t2):.1f} ms"
+        )
