@@ -149,7 +149,10 @@ class AGRO(BaseAlgorithm):
             self.reward_scaler(batch.rewards, batch.terminated, batch.stream_ids) if cfg.normalize_reward else batch.rewards
         )
         if cfg.baseline == "value":
-            values, last_value, final_values = bootstrap_values(self.policy, batch, cfg.bootstrap_on_truncation)
+            # always the current critic: batch.values may come from a stale behaviour policy
+            values, last_value, final_values = bootstrap_values(
+                self.policy, batch, cfg.bootstrap_on_truncation, use_batch_values=False
+            )
             adv, ret = compute_gae(
                 rewards, values, batch.terminated, batch.truncated, last_value, final_values, cfg.gamma, cfg.gae_lambda
             )

@@ -25,7 +25,8 @@ from typing import Any
 
 from agents.core import Algorithm
 from learner.batching import StreamIds, to_trajectory_batch
-from rlstream.policies import BlobStore, make_policy_version
+from rlstream.policies import BlobStore, arch_of, load_into, make_policy_version
+from schemas.errors import CodecError
 from schemas.events import GradientStep, PolicyVersion, PreparedBatch, now_ms
 from streams.bus.base import Record
 from streams.events import EventBus
@@ -51,6 +52,8 @@ class LearnerConfig:
     """Consumer group on rl.samples.prepared."""
     max_updates: int | None = None
     """Stop (``done``) after this many updates; None: run until stopped."""
+    env_id: str = ""
+    """Recorded in snapshots, so a rollback can check it restores a policy of the same env."""
 
 
 @dataclass
@@ -59,6 +62,7 @@ class LearnerStats:
     samples_trained: int = 0
     duplicates_skipped: int = 0
     paused_polls: int = 0
+    adopted_versions: int = 0
     last_metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -84,6 +88,7 @@ class Learner:
         self._stream_ids = StreamIds()
         self._offsets: dict[tuple[str, int], int] = {}
         self.consumer = None
+        self._versions = None
 
     # -- lifecycle ----------------------------------------------------------------------------
     def latest_published(self) -> int:
@@ -119,6 +124,9 @@ class Learner:
                                              expect=PreparedBatch, start=start)
         self.version = published
         self._publish(parent=self.model_version if self.model_version >= 0 else None)
+        ends = self.events.bus.end_offsets(POLICY_VERSIONS)
+        self._versions = self.events.consumer(None, [POLICY_VERSIONS], stage="learner", expect=PolicyVersion,
+                                              start={(POLICY_VERSIONS, p): e for p, e in ends.items()})
 
     def _restore(self, version: int | None) -> dict | None:
         if version is None:
@@ -148,7 +156,36 @@ class Learner:
     def done(self) -> bool:
         return self.config.max_updates is not None and self.stats.updates >= self.config.max_updates
 
+    def _follow_foreign_versions(self) -> None:
+        """A version of our policy published by someone else (``rlstream rollback``) that is newer
+        than ours becomes the learner's model: versions stay monotonic with one writer at a time."""
+        for rec, pv in self._versions.poll(0.0, max_records=100):
+            if pv.policy_id != self.config.policy_id or pv.learner_id == self.config.learner_id:
+                continue
+            if pv.version <= self.version:
+                continue
+            try:
+                policy = load_into(None, pv, self.blob_store)
+            except CodecError as e:
+                self._versions.dead_letter(rec, e.reason, e)
+                continue
+            restored = False
+            if self.snapshots is not None and pv.parent_version is not None and \
+                    pv.parent_version in self.snapshots.versions():
+                state = self.snapshots.load_state(pv.parent_version)
+                if state is not None:
+                    self.algo.load_state_dict(state)  # weights, optimiser and normalisers of the snapshot
+                    restored = True
+            if not restored:
+                self.algo.policy.load_state_dict(policy.state_dict())
+            self.version = self.model_version = pv.version
+            self._buffer.clear()  # collected under the abandoned line of versions
+            self._buffered = 0
+            self.stats.adopted_versions += 1
+
     def step(self, timeout: float = 0.1) -> dict[str, float] | None:
+        if self._versions is not None:
+            self._follow_foreign_versions()
         if self.breaker is not None and self.lag_signal is not None:
             self.breaker.update(self.lag_signal())
             if not self.breaker.allow():
@@ -228,6 +265,9 @@ class Learner:
         meta = {
             "updates": self.stats.updates,
             "algo": self.config.algo,
+            "arch": arch_of(self.algo.policy),
+            "env_id": self.config.env_id,
+            "policy_id": self.config.policy_id,
             "offsets": [[t, p, o] for (t, p), o in sorted(self._offsets.items())],
             "trained_batch_ids": list(self._seen.keys())[-SEEN_IDS_KEPT:],
             "created_at_ms": now_ms(),
@@ -237,3 +277,5 @@ class Learner:
     def close(self) -> None:
         if self.consumer is not None:
             self.consumer.close()
+        if self._versions is not None:
+            self._versions.close()

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rlstream.obs.ports import DEFAULT_PORTS, KNOWN_COMMANDS
+from rlstream.obs.ports import DEFAULT_PORTS, KNOWN_COMMANDS, metrics_port
 
 
 def _kv(items: list[str] | None) -> dict[str, Any]:
@@ -150,7 +150,7 @@ def _serve_metrics(metrics, port: int | None, role: str):
         return None, HealthChecks()
     health = HealthChecks()
     server = MetricsServer(metrics, health, host="127.0.0.1" if role == "colocated" else "0.0.0.0",
-                           port=DEFAULT_PORTS[role] if port is None else port)
+                           port=metrics_port(role) if port is None else port)
     try:
         server.start()
     except OSError as e:
@@ -233,11 +233,15 @@ def cmd_replay(a: argparse.Namespace) -> int:
 
 def cmd_rollback(a: argparse.Namespace) -> int:
     from rlstream.config import BusConfig
-    from rlstream.rollback import rollback
+    from rlstream.rollback import RollbackError, rollback
 
     bus = BusConfig.from_env(kind=a.bus or "kafka", bootstrap=a.bootstrap)
     store = a.snapshot_store or str(a.run_dir / "snapshots")
-    result = rollback(bus, store, a.to_version, algo=a.algo, env_id=a.env_id)
+    try:
+        result = rollback(bus, store, a.to_version, algo=a.algo, env_id=a.env_id)
+    except RollbackError as e:
+        print(f"rollback failed: {e}", file=sys.stderr)
+        return 2
     print(json.dumps(result))
     return 0
 

@@ -24,7 +24,7 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
                   metrics: Metrics | None = None, bus=None) -> dict[str, Any]:
     stop = stop or threading.Event()
     metrics = metrics or Metrics(role="colocated")
-    bus = bus or wiring.build_bus(cfg)
+    bus = bus or wiring.build_bus(cfg.bus)
     events = wiring.build_events(bus, metrics)
     info = wiring.env_info(cfg)
     algo = wiring.build_algo(cfg, info.obs_dim, info.act_dim)

@@ -34,7 +34,8 @@ def _consumer_lag_gauge(metrics: Metrics, bus, group: str, topic: str):
 def run_actor(cfg: TrainConfig, index: int, log: Any = None, stop: threading.Event | None = None,
               metrics: Metrics | None = None, health: Any = None) -> dict[str, Any]:
     stop = stop or threading.Event()
-    bus = wiring.build_bus(cfg)
+    metrics = metrics or Metrics(role="actor")
+    bus = wiring.build_bus(cfg.bus)
     events = wiring.build_events(bus, metrics)
     progress = Progress(total_steps=cfg.total_steps, log_every_s=cfg.log_every_s, log=log)
 
@@ -67,14 +68,14 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
     from learner.circuit_breaker import CircuitBreaker
 
     stop = stop or threading.Event()
-    bus = wiring.build_bus(cfg)
+    metrics = metrics or Metrics(role="learner")
+    bus = wiring.build_bus(cfg.bus)
     events = wiring.build_events(bus, metrics)
     info = wiring.env_info(cfg)
     algo = wiring.build_algo(cfg, info.obs_dim, info.act_dim)
     progress = Progress(total_steps=cfg.total_steps, log_every_s=cfg.log_every_s, log=log)
-    metrics = metrics or Metrics(role="learner")
     breaker = CircuitBreaker(open_above=cfg.breaker_open_above, close_below=cfg.breaker_close_below,
-                             min_open_s=1.0)
+                             min_open_s=1.0, on_change=metrics.circuit_breaker_hook())
     lag = _consumer_lag_gauge(metrics, bus, "rlstream-streams", SAMPLES_RAW)
 
     def on_update(learner, m, seconds) -> None:
@@ -136,7 +137,7 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
         procs[name] = subprocess.Popen(cmd, stdout=path.open("w"), stderr=subprocess.STDOUT, env=env,
                                        start_new_session=True)
 
-    bus = wiring.build_bus(cfg)  # create the topics before anyone subscribes
+    bus = wiring.build_bus(cfg.bus)  # create the topics before anyone subscribes
     bus.close()
     spawn("learner", _role_cmd("learner", cfg, []))
     spawn("streams", [sys.executable, "-m", "faust", "-A", "streams", "worker", "-l", "warning",

@@ -12,7 +12,7 @@ from actor.actor import Actor, ActorConfig
 from actor.envs import NonFiniteEnvError, env_dims
 from actor.policy_client import PolicySubscriber
 from learner.learner import Learner, LearnerConfig
-from rlstream.config import TrainConfig
+from rlstream.config import BusConfig, TrainConfig
 from rlstream.obs.metrics import Metrics
 from rlstream.policies import RedisBlobStore
 from schemas.codec import Codec, SchemaTopic
@@ -25,14 +25,15 @@ from streams.topics import SCHEMAS, all_topics
 GROUP_DEFAULTS = {"grpo": 8, "dapo": 8}
 
 
-def build_bus(cfg: TrainConfig) -> Bus:
-    if cfg.bus.kind == "memory":
+def build_bus(cfg: BusConfig) -> Bus:
+    """The bus of ``cfg`` with every topic created."""
+    if cfg.kind == "memory":
         bus = make_bus("memory")
-    elif cfg.bus.kind == "kafka":
-        bus = make_bus("kafka", bootstrap=cfg.bus.bootstrap)
+    elif cfg.kind == "kafka":
+        bus = make_bus("kafka", bootstrap=cfg.bootstrap)
     else:
-        raise ValueError(f"unknown bus {cfg.bus.kind!r}")
-    bus.create_topics(all_topics(cfg.bus.partitions))
+        raise ValueError(f"unknown bus {cfg.kind!r}")
+    bus.create_topics(all_topics(cfg.partitions))
     return bus
 
 
@@ -115,7 +116,8 @@ def build_learner(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, a
             on_update(learner, m, seconds)
 
     blob = RedisBlobStore(cfg.redis()) if cfg.redis() else None
-    lcfg = LearnerConfig(algo=cfg.algo, train_batch_size=cfg.train_batch_size, snapshot_every=cfg.snapshot_every)
+    lcfg = LearnerConfig(algo=cfg.algo, train_batch_size=cfg.train_batch_size, snapshot_every=cfg.snapshot_every,
+                         env_id=cfg.env_id)
     return Learner(lcfg, algo, events, snapshots=store, breaker=breaker, lag_signal=lag_signal,
                    on_update=update_hook, blob_store=blob)
 

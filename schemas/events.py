@@ -8,6 +8,7 @@ arrays) travel as Tensors. Decoded arrays are read-only views onto the message b
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -45,7 +46,8 @@ def tensor_from_record(r: dict[str, Any]) -> np.ndarray:
     if any(s < 0 for s in shape):
         raise InvalidEventError(f"negative tensor dimension in shape {shape}")
     dt = np.dtype(dtype).newbyteorder("<")
-    expected = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    # Python ints: np.prod(int64) wraps (2**32 * 2**32 -> 0) and a hostile shape would pass.
+    expected = math.prod(shape) * dt.itemsize
     data = r["data"]
     if len(data) != expected:
         raise InvalidEventError(f"tensor of shape {shape} {dtype} needs {expected} bytes, got {len(data)}")

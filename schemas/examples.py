@@ -110,7 +110,7 @@ def events_equal(a: Any, b: Any) -> bool:
     if dataclasses.is_dataclass(a):
         return all(events_equal(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(events_equal(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(events_equal(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(events_equal(a[k], b[k]) for k in a)
     return a == b

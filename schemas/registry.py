@@ -97,6 +97,7 @@ class SchemaRegistry:
         self._lock = threading.Lock()
         self._by_fp: dict[bytes, RegisteredSchema] = {}
         self._by_name: dict[str, dict[int, RegisteredSchema]] = {}
+        self._local: set[str] = set()  # names loaded from .avsc files (not learnt from others)
         self._shared: dict[str, Any] = {}
         for d in dirs if dirs is not None else [AVSC_DIR]:
             self.load_dir(Path(d))
@@ -143,6 +144,7 @@ class SchemaRegistry:
         with self._lock:
             self._by_fp[reg.fingerprint] = reg
             self._by_name.setdefault(name, {})[version] = reg
+            self._local.add(name)
         return reg
 
     def register_standalone(self, name: str, version: int, standalone_json: str) -> RegisteredSchema:
@@ -158,8 +160,11 @@ class SchemaRegistry:
         reg = RegisteredSchema(name, version, _fingerprint(parsed), parsed, standalone_json)
         with self._lock:
             self._by_fp[reg.fingerprint] = reg
-            # A remote version never replaces the reader schema this process was built with.
-            self._by_name.setdefault(name, {}).setdefault(version, reg)
+            # A remote version never replaces the reader schema this process was built with:
+            # it is a writer schema to resolve from (by fingerprint), not a new ``latest``,
+            # which would make this process read into, and write, a schema its code lacks.
+            if name not in self._local:
+                self._by_name.setdefault(name, {}).setdefault(version, reg)
         return reg
 
     def by_fingerprint(self, fp: bytes) -> RegisteredSchema:

@@ -145,8 +145,10 @@ class PrepareWorker:
 
     def _emit(self, outs: list[Output]) -> None:
         for out in outs:
-            rec = self._held.pop((out.partition if isinstance(out, Rejection) else out.source_partition,
-                                  out.offset if isinstance(out, Rejection) else out.source_offset), None)
+            if isinstance(out, Rejection):
+                rec = self._held.pop((out.partition, out.offset), None)
+            else:
+                rec = self._held.pop((out.source_partition, out.source_offset), None)
             if isinstance(out, PreparedBatch):
                 try:
                     self.events.publish(SAMPLES_PREPARED, out, key=out.sample.actor_id)

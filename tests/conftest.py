@@ -130,13 +130,24 @@ def bus(request):
 
 @pytest.fixture
 def new_topic(bus, request):
-    """``new_topic(partitions=1, config=None, tag="t") -> name``: a topic unique to this test."""
+    """``new_topic(partitions=1, config=None, tag="t", create=True) -> name``: a topic unique to
+    this test (``create=False``: only the name, deleted after the test like the others)."""
     stem = re.sub(r"[^a-zA-Z0-9]+", "-", request.node.originalname)[:60].strip("-")
 
-    def make(partitions: int = 1, config: dict | None = None, tag: str = "t") -> str:
+    made: list[str] = []
+
+    def make(partitions: int = 1, config: dict | None = None, tag: str = "t", create: bool = True) -> str:
         name = f"{tag}-{stem}-{uuid.uuid4().hex[:10]}"
-        bus.create_topics([TopicSpec(name, key="test", partitions=partitions,
-                                     config={**TEST_TOPIC_CONFIG, **(config or {})})])
+        if create:
+            bus.create_topics([TopicSpec(name, key="test", partitions=partitions,
+                                         config={**TEST_TOPIC_CONFIG, **(config or {})})])
+        made.append(name)
         return name
 
-    return make
+    yield make
+    delete = getattr(bus, "delete_topics", None)  # keep the shared broker clean
+    if delete is not None and made:
+        from streams.bus.kafka import KafkaBus
+
+        with KafkaBus(bus.bootstrap, client_id="rlstream-test-cleanup") as admin:
+            admin.delete_topics(made)

@@ -52,3 +52,10 @@ class PPOConfig(PolicyConfig):
     """Bootstrap truncated episodes from V(final obs). False reproduces CleanRL, which treats truncation as termination."""
     use_sample_weight: bool = True
     """Multiply per-sample losses by ``batch.sample_weight`` when present."""
+    decoupled: bool = False
+    """Decoupled PPO for stale data: clip the ratio against the learner's own log-probs at the start of
+    the update (recomputing values too) and weight each sample by the truncated behaviour IS weight
+    ``batch.is_rho`` (or ``min(behaviour_weight_cap, pi_prox / mu)`` when absent). Identical to plain PPO
+    on fresh data; off by default (CleanRL has no such mode)."""
+    behaviour_weight_cap: float = 1.0
+    """Cap of the behaviour IS weight computed when ``decoupled`` and the batch carries no ``is_rho``."""

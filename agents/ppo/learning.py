@@ -17,14 +17,16 @@ __all__ = ["PPO", "bootstrap_values"]
 
 
 @torch.no_grad()
-def bootstrap_values(policy, batch: TrajectoryBatch, bootstrap_on_truncation: bool) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+def bootstrap_values(
+    policy, batch: TrajectoryBatch, bootstrap_on_truncation: bool, use_batch_values: bool = True
+) -> tuple[Tensor, Tensor, Optional[Tensor]]:
     """``(values [T, N], last_value [N], final_values [T, N] or None)`` with the current policy.
 
-    Behaviour-time ``batch.values`` are used when present. ``last_obs`` may be
+    Behaviour-time ``batch.values`` are used when present and ``use_batch_values``. ``last_obs`` may be
     omitted only if every column ended at the last step; ``next_obs_final`` is
     required when some step is truncated and bootstrapping is on.
     """
-    values = batch.values if batch.values is not None else policy.value(batch.obs)
+    values = batch.values if (use_batch_values and batch.values is not None) else policy.value(batch.obs)
     done_last = batch.terminated[-1] | batch.truncated[-1]
     if batch.last_obs is not None:
         last_value = policy.value(batch.last_obs)
@@ -80,7 +82,9 @@ class PPO(BaseAlgorithm):
         batch = batch.to(self.device)
         self.set_learning_rate(self.current_lr())
 
-        values, last_value, final_values = bootstrap_values(self.policy, batch, cfg.bootstrap_on_truncation)
+        values, last_value, final_values = bootstrap_values(
+            self.policy, batch, cfg.bootstrap_on_truncation, use_batch_values=not cfg.decoupled
+        )
         if cfg.normalize_reward:
             rewards = self.reward_scaler(batch.rewards, batch.terminated, batch.stream_ids)
         else:
@@ -99,6 +103,19 @@ class PPO(BaseAlgorithm):
         b_logp, b_adv, b_ret, b_val = flat(batch.behaviour_logp), flat(advantages), flat(returns), flat(values)
         b_w = flat(batch.sample_weight) if (cfg.use_sample_weight and batch.sample_weight is not None) else None
         n = b_obs.shape[0]
+        extra: dict[str, float] = {}
+        if cfg.decoupled:
+            # Decoupled PPO: the trust region is around the learner's policy at the start of this
+            # update (proximal), and the behaviour mismatch is corrected by a truncated IS weight.
+            with torch.no_grad():
+                prox_logp = self.policy.log_prob(b_obs, b_act)
+                if batch.is_rho is not None:
+                    rho = flat(batch.is_rho)
+                else:
+                    rho = torch.exp(prox_logp - b_logp).clamp(max=cfg.behaviour_weight_cap)
+            b_logp = prox_logp
+            b_w = rho if b_w is None else b_w * rho
+            extra["behaviour_weight_mean"] = float(rho.mean())
 
         sums: dict[str, float] = {}
         count = 0
@@ -142,6 +159,7 @@ class PPO(BaseAlgorithm):
         self.step += 1
 
         metrics = {k: v / max(count, 1) for k, v in sums.items()}
+        metrics.update(extra)
         metrics.update(
             {
                 "explained_variance": explained_variance(b_val, b_ret),

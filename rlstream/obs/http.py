@@ -211,7 +211,11 @@ class _RequestHandler(BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         parts = urlsplit(self.path)
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            self._send(method, json_response({"error": "bad Content-Length"}, status=400))
+            return
         body = self.rfile.read(length) if length > 0 else b""
         req = Request(
             method=method,
@@ -225,6 +229,9 @@ class _RequestHandler(BaseHTTPRequestHandler):
         except Exception as exc:
             _log.exception("http_handler_failed", path=req.path, method=method)
             resp = json_response({"error": f"{type(exc).__name__}: {exc}"}, status=500)
+        self._send(method, resp)
+
+    def _send(self, method: str, resp: Response) -> None:
         self.send_response(resp.status)
         self.send_header("Content-Type", resp.content_type)
         self.send_header("Content-Length", str(len(resp.body)))

@@ -44,8 +44,14 @@ ENV_BUS = "RLSTREAM_BUS"
 ENV_SNAPSHOT_STORE = "RLSTREAM_SNAPSHOT_STORE"
 #: Run identifier bound into every log line (``rlstream.obs.logging``).
 ENV_RUN_ID = "RLSTREAM_RUN_ID"
-#: Log level name (``debug``, ``info``, ``warning``, ``error``).
-ENV_LOG_LEVEL = "RLSTREAM_LOG_LEVEL"
+#: Actor index (its id is ``actor-<index>``). Set per pod by compose/k8s/actor.yaml
+#: from the StatefulSet ordinal and passed as ``rlstream actor --index``.
+ENV_ACTOR_INDEX = "RLSTREAM_ACTOR_INDEX"
+#: Staleness window of the stream processors (the Faust worker reads these):
+#: max policy versions behind, max age in ms, and ``drop`` or ``downweight``.
+ENV_STALENESS_K = "RLSTREAM_STALENESS_K"
+ENV_STALENESS_MS = "RLSTREAM_STALENESS_MS"
+ENV_STALENESS_MODE = "RLSTREAM_STALENESS_MODE"
 
 #: Every environment variable an rlstream process reads. Manifests may set no
 #: other variable on an rlstream container.
@@ -56,7 +62,10 @@ ENV_VARS: tuple[str, ...] = (
     ENV_BUS,
     ENV_SNAPSHOT_STORE,
     ENV_RUN_ID,
-    ENV_LOG_LEVEL,
+    ENV_ACTOR_INDEX,
+    ENV_STALENESS_K,
+    ENV_STALENESS_MS,
+    ENV_STALENESS_MODE,
 )
 
 #: Sub-commands of the ``rlstream`` CLI (rlstream/cli.py is wired to this list).

@@ -41,9 +41,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
-    OFFSET_END,
-    OFFSET_INVALID,
     Consumer as _RdConsumer,
     KafkaError,
     KafkaException,
@@ -129,7 +126,8 @@ def _err(e: BaseException) -> KafkaError | None:
     return None
 
 
-_TOO_LARGE = {KafkaError.MSG_SIZE_TOO_LARGE, getattr(KafkaError, "RECORD_LIST_TOO_LARGE", KafkaError.MSG_SIZE_TOO_LARGE)}
+_TOO_LARGE = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE}
+_KEEP_ERRORS = 100  # delivery errors kept for the report in flush (all are counted)
 
 
 def _too_large(err: KafkaError | None) -> bool:
@@ -162,13 +160,16 @@ class KafkaBus(Bus):
                        **kafka_client_config(config)}
         self.consumer_config = {**CONSUMER_DEFAULTS, **self.common, **(consumer_config or {})}
         pconf = {**PRODUCER_DEFAULTS, **self.common, **(producer_config or {})}
+        self.producer_config = dict(pconf)  # effective settings, for reports
         pconf["on_delivery"] = self._on_delivery
         pconf["error_cb"] = self._on_error
         self.max_message_bytes = int(pconf["message.max.bytes"])
         self._producer = _RdProducer(pconf)
-        self._admin = AdminClient({**self.common, "error_cb": self._on_client_error})
+        self.admin_config = dict(self.common)
+        self._admin = AdminClient({**self.admin_config, "error_cb": self._on_client_error})
         self._lock = threading.Lock()
         self._failed: list[tuple[str, KafkaError]] = []  # delivery failures not yet raised
+        self._unraised = 0  # how many: _failed keeps the first _KEEP_ERRORS
         self.delivery_failures = 0  # every failed delivery since the bus was made
         self._fatal: KafkaError | None = None
         self._known: dict[str, int] = {}  # topic -> partitions, seen in metadata
@@ -181,7 +182,9 @@ class KafkaBus(Bus):
             return
         with self._lock:
             self.delivery_failures += 1
-            self._failed.append((msg.topic() or "?", err))
+            self._unraised += 1
+            if len(self._failed) < _KEEP_ERRORS:
+                self._failed.append((msg.topic() or "?", err))
         log.warning("kafka delivery to %s failed: %s", msg.topic(), err)
 
     def _on_error(self, err: KafkaError) -> None:
@@ -216,6 +219,21 @@ class KafkaBus(Bus):
                 if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise BusError(f"cannot create topic {name}: {e}") from e
         self._wait_topics({s.name: max(1, s.partitions) for s in specs}, timeout)
+
+    def delete_topics(self, names: Iterable[str], timeout: float = 30.0) -> None:
+        """Delete topics (benchmarks and tests clean up after themselves); missing ones are fine."""
+        names = list(names)
+        if not names:
+            return
+        for name, fut in self._admin.delete_topics(names, operation_timeout=timeout,
+                                                   request_timeout=timeout).items():
+            try:
+                fut.result()
+            except KafkaException as e:
+                err = _err(e)
+                if err is None or err.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise BusError(f"cannot delete topic {name}: {e}") from e
+            self._known.pop(name, None)
 
     def _wait_topics(self, want: dict[str, int], timeout: float) -> None:
         """Poll metadata until every topic has a leader for each of (at least) its partitions."""
@@ -320,10 +338,11 @@ class KafkaBus(Bus):
         left = self._producer.flush(timeout)
         with self._lock:
             failed, self._failed = self._failed, []
+            count, self._unraised = self._unraised, 0
         if failed:
             first_topic, first = failed[0]
             kinds = sorted({e.name() for _, e in failed})
-            msg = (f"{len(failed)} record(s) failed delivery ({', '.join(kinds)}); first on {first_topic}: "
+            msg = (f"{count} record(s) failed delivery ({', '.join(kinds)}); first on {first_topic}: "
                    f"{first.str()}")
             if any(_too_large(e) for _, e in failed):
                 raise RecordTooLargeError(msg + " (record over the topic's max.message.bytes?)")
@@ -341,12 +360,13 @@ class KafkaBus(Bus):
         parts = {t: self._partitions(t) for t in topics}
         return KafkaConsumer(self, group, list(topics), policy, offsets, parts)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 30.0) -> None:
+        """Flush (raising what failed) and release the clients."""
         if self._closed:
             return
         self._closed = True
         try:
-            self.flush()
+            self.flush(timeout)
         finally:
             if self._meta is not None:
                 self._meta.close()

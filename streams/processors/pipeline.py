@@ -316,7 +316,11 @@ class Prepare:
         if res.released:
             now = self.clock()
             for batch, tag in res.released:
-                out.append(self._prepare(batch, tag, now))
+                try:
+                    out.append(self._prepare(batch, tag, now))
+                except Exception as e:  # every released batch leaves, even past a bug
+                    out.append(self._reject(REASON_PROCESSOR_ERROR, e, batch, tag,
+                                            f"{type(e).__name__}: {e}"[:2000]))
         return out
 
     def _prepare(self, batch: SampleBatch, tag: Any, now: int) -> Output:

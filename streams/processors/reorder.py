@@ -30,7 +30,8 @@ recognised by a seq *regression with newer data*: ``seq < next`` and
 created before the batches that overtook it, so it cannot look newer; a restart's batches are
 created after everything its previous incarnation sent. On a restart the previous
 incarnation's buffered batches are released in order, and the actor starts afresh (first
-contact rules). Actors that put an incarnation into ``actor_id`` (``actor-3.<uuid>``) get a
+contact rules); stragglers created no later than the newest batch of the previous incarnation
+are then ``late``. Actors that put an incarnation into ``actor_id`` (``actor-3.<uuid>``) get a
 fresh key and never need this rule. Limits: a wall clock stepped backwards across a restart
 makes the new incarnation look late (its batches are rejected as ``late`` until it passes the
 old seq); a restarted actor whose first batches overtake each other can have its seq 0
@@ -126,13 +127,14 @@ class SeenIds:
 
 
 class _Actor:
-    __slots__ = ("next_seq", "buf", "waiting_since", "max_created_ms", "last_ms", "last_tag")
+    __slots__ = ("next_seq", "buf", "waiting_since", "max_created_ms", "floor_ms", "last_ms", "last_tag")
 
     def __init__(self, now: int) -> None:
         self.next_seq: int | None = None  # None: first contact, base not known yet
         self.buf: dict[int, tuple[SampleBatch, Any, int]] = {}  # seq -> (batch, tag, arrived_ms)
         self.waiting_since: int | None = None  # arrival of the oldest buffered batch
         self.max_created_ms = -(1 << 62)
+        self.floor_ms = -(1 << 62)  # batches created at or before this belong to a previous incarnation
         self.last_ms = now
         self.last_tag: Any = None
 
@@ -272,12 +274,16 @@ class ReorderBuffer:
         st.last_ms = now
         st.last_tag = tag
 
+        if batch.created_at_ms <= st.floor_ms:
+            self._reject(res, REASON_LATE, batch, tag,
+                         f"seq {seq} of {aid} is from an incarnation before its restart")
+            return res
         if st.next_seq is not None and seq < st.next_seq:
             if batch.created_at_ms > st.max_created_ms:
                 # a new incarnation of the actor: flush the old one, start afresh
                 self._flush_actor(aid, st, res)
                 st.next_seq = None
-                st.max_created_ms = -(1 << 62)
+                st.floor_ms = st.max_created_ms
                 self.stats.restarts += 1
             else:
                 self._reject(res, REASON_LATE, batch, tag,

@@ -66,3 +66,31 @@ def test_sample_weight_zero_freezes_the_policy_head(bandit):
     algo.update(zero)
     for k, v in algo.policy.net.actor_mean.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+def test_decoupled_mode_matches_plain_ppo_on_fresh_data(bandit):
+    gen = torch.Generator().manual_seed(0)
+    plain = PPO(PPOConfig(**FAST), bandit.OBS_DIM, bandit.ACT_DIM)
+    dec = PPO(PPOConfig(**FAST, decoupled=True), bandit.OBS_DIM, bandit.ACT_DIM)
+    batch = bandit.rollout(plain.policy, 16, 4, gen)
+    mp, md = plain.update(batch), dec.update(batch)
+    for k in ("loss_policy", "loss_value", "approx_kl", "clipfrac"):
+        assert abs(mp[k] - md[k]) < 1e-4, k
+    assert md["behaviour_weight_mean"] > 0.999
+
+
+def test_decoupled_mode_recentres_the_trust_region_on_stale_data(bandit):
+    gen = torch.Generator().manual_seed(0)
+    algo = PPO(PPOConfig(**FAST), bandit.OBS_DIM, bandit.ACT_DIM)
+    stale = copy.deepcopy(algo.policy)
+    for _ in range(5):
+        algo.update(bandit.rollout(algo.policy, 32, 8, gen))
+    batch = bandit.rollout(stale, 16, 4, gen)  # behaviour 5 versions behind
+    plain = copy.deepcopy(algo)
+    one = dict(FAST, update_epochs=1, num_minibatches=1)
+    plain.config = PPOConfig(**one)
+    dec = copy.deepcopy(algo)
+    dec.config = PPOConfig(**one, decoupled=True)
+    mp, md = plain.update(batch), dec.update(batch)
+    assert mp["approx_kl"] > 1e-3  # against the stale behaviour policy the ratio is far from 1
+    assert md["approx_kl"] < 1e-7 and md["behaviour_weight_mean"] < 1.0

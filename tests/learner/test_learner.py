@@ -139,3 +139,25 @@ def test_rollback_republishes_a_snapshot_as_a_new_version(events, tmp_path):
     w1, _ = store.load(1)
     got = load_into(None, pv).state_dict()
     assert all(torch.equal(got[k], w1[k]) for k in w1)
+
+
+def test_running_learner_adopts_a_rollback_published_by_another_process(events, tmp_path):
+    from rlstream.rollback import rollback
+
+    store = open_store(tmp_path, keep_last=None)
+    lr = make(events, store)
+    lr.start()
+    for s in range(3):
+        events.publish(SAMPLES_PREPARED, prepared(s), key="actor-0")
+        lr.step(0)
+    assert lr.version == 3
+    out = rollback(events, str(tmp_path), 1)
+    assert out["new_version"] == 4
+    events.publish(SAMPLES_PREPARED, prepared(3), key="actor-0")
+    assert lr.step(0) is not None
+    assert lr.stats.adopted_versions == 1
+    vs = versions(events)
+    # the learner continued from the rolled-back line: 4 (rollback of 1), then its own 5 from 4
+    assert [(v.version, v.parent_version, v.learner_id) for v in vs[-2:]] == \
+        [(4, 1, "rollback"), (5, 4, "learner-0")]
+    assert len({v.version for v in vs}) == len(vs)  # no version number was published twice

@@ -196,3 +196,10 @@ def test_context_manager_and_registry_argument(metrics: Metrics) -> None:
         MetricsServer(object())
     with pytest.raises(ValueError):
         HealthChecks(heartbeat_timeout_s=0)
+
+
+def test_bad_content_length_is_a_400(server: MetricsServer) -> None:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+        s.sendall(b"POST /metrics HTTP/1.0\r\nContent-Length: abc\r\n\r\n")
+        reply = s.recv(4096)
+    assert reply.startswith(b"HTTP/1.0 400")

@@ -6,7 +6,7 @@ import json
 import os
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,7 +26,7 @@ from learner.snapshots import (
     unflatten_state,
 )
 
-BACKENDS = ("local", "redis")
+BACKENDS = ("local", pytest.param("redis", marks=pytest.mark.redis))
 
 
 def make_store(kind: str, tmp_path: Path, request: pytest.FixtureRequest, keep_last: int | None = 10):
@@ -334,6 +334,7 @@ def test_open_store_factory(tmp_path: Path) -> None:
         open_store("s3://bucket/x")
 
 
+@pytest.mark.redis
 def test_open_store_redis(redis_url: str, redis_prefix: str) -> None:
     store = open_store(f"{redis_url}?prefix={redis_prefix}&keep_last=2")
     for v in range(1, 5):

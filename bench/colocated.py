@@ -1,0 +1,138 @@
+"""Co-located pipeline overhead and policy latency.
+
+Runs, in one process and one run, on the same env with the same PPO settings:
+- ``peer``: the plain loop (vector env + policy rollout, then the PPO update) with no bus,
+  no codec, no processors — what a single-file PPO does;
+- ``rollout_only``: the raw vector-env + policy rollout loop, no training;
+- ``rlstream``: ``rlstream train --mode colocated`` (every event Avro-encoded on the memory bus,
+  through the stream processors, learner publishes versions, actors adopt them).
+
+Prints one JSON document: SPS of each, overhead = 1 - rlstream/peer (target <= 15 %), policy
+latency p50/p99 (learner publish -> actor adoption; target p99 < 10 ms) and freshness.
+
+    python bench/colocated.py --env HalfCheetah-v5 --steps 40960
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from actor.actor import Actor, ActorConfig
+from actor.envs import make_vector_env
+from learner.batching import StreamIds, to_trajectory_batch
+from rlstream import wiring
+from rlstream.colocated import run_colocated
+from rlstream.config import TrainConfig
+from rlstream.obs.metrics import Metrics
+from schemas.events import PreparedBatch, now_ms
+
+
+class _DirectPolicy:
+    """Feeds the actor the learner's live policy without any event (the peer loop)."""
+
+    def __init__(self, policy) -> None:
+        self.policy, self.version = policy, 0
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def peer_loop(cfg: TrainConfig, train: bool) -> dict:
+    info = wiring.env_info(cfg)
+    algo = wiring.build_algo(cfg, info.obs_dim, info.act_dim)
+    env = make_vector_env(cfg.env_id, cfg.num_envs)
+    acfg = ActorConfig(env_id=cfg.env_id, num_envs=cfg.num_envs, fragment_steps=cfg.effective_fragment_steps(),
+                       seed=cfg.seed)
+    source = _DirectPolicy(algo.policy)
+    actor = Actor(acfg, source, events=None, env=env)
+    ids = StreamIds()
+    steps, t0 = 0, time.perf_counter()
+    returns: list[float] = []
+    while steps < cfg.total_steps:
+        b = actor.collect(acfg.fragment_steps)
+        steps += b.size
+        returns += b.episode_returns
+        if train:
+            ones = np.ones(b.rewards.shape, np.float32)
+            algo.update(to_trajectory_batch([PreparedBatch(b, 0, 0, 0, ones, ones, now_ms())], ids))
+    elapsed = time.perf_counter() - t0
+    env.close()
+    return {"sps": round(steps / elapsed, 1), "steps": steps, "elapsed_s": round(elapsed, 2),
+            "return_mean_last10": round(float(np.mean(returns[-10:])), 1) if returns else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--env", default="HalfCheetah-v5")
+    ap.add_argument("--steps", type=int, default=40960)
+    ap.add_argument("--num-envs", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as d:
+        cfg = TrainConfig(env_id=args.env, total_steps=args.steps, num_envs=args.num_envs,
+                          run_dir=Path(d), log_every_s=1e9, snapshot_every=0)
+        rollout = peer_loop(cfg, train=False)
+        peer = peer_loop(cfg, train=True)
+        metrics = Metrics(role="colocated")
+        t0 = time.perf_counter()
+        summary = run_colocated(cfg, metrics=metrics)
+        elapsed = time.perf_counter() - t0
+    lat = metrics_quantiles(metrics)
+    ours = summary["steps"] / elapsed
+    out = {
+        "bench": "colocated",
+        "host": {"cpus": __import__("os").cpu_count(), "python": platform.python_version(),
+                 "torch": torch.__version__, "threads": args.threads},
+        "env": args.env, "steps": args.steps, "num_envs": args.num_envs,
+        "rollout_only_sps": rollout["sps"],
+        "peer_plain_loop_sps": peer["sps"],
+        "rlstream_colocated_sps": round(ours, 1),
+        "overhead_vs_peer": round(1 - ours / peer["sps"], 4),
+        "target_overhead_max": 0.15,
+        "policy_latency_ms": lat,
+        "target_policy_latency_p99_ms": 10.0,
+        "freshness": summary.get("streams", {}).get("freshness"),
+        "target_freshness_min": 0.95,
+        "events": summary["events"],
+    }
+    print(json.dumps(out, indent=2))
+
+
+def metrics_quantiles(metrics: Metrics) -> dict:
+    """p50/p99 of the policy-latency histogram, read off its cumulative buckets."""
+    text = metrics.render().decode()
+    buckets = []
+    count = 0.0
+    for line in text.splitlines():
+        if line.startswith("rlstream_policy_latency_seconds_bucket"):
+            le = line.split('le="')[1].split('"')[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
+        elif line.startswith("rlstream_policy_latency_seconds_count"):
+            count = float(line.rsplit(" ", 1)[1])
+    if not count:
+        return {"count": 0}
+
+    def q(p: float) -> float:
+        for le, c in buckets:
+            if c >= p * count:
+                return le * 1e3
+        return float("inf")
+
+    return {"count": int(count), "p50_le": q(0.5), "p99_le": q(0.99),
+            "note": "upper bucket bounds of the Prometheus histogram"}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,542 @@
+"""Follow PolicyVersion events from a chosen version: the API any consumer of policies uses
+(an evaluator, a dashboard, the inference server, a notebook), and ``rlstream subscribe``.
+
+    feed = PolicyFeed(events, policy_id="policy", from_version=3)   # or a Bus
+    for update in feed:                       # 3, 4, 5 ... (replayed), then live ones
+        act = update.policy.act(obs, deterministic=True)[0]        # module built on first use
+        ...
+    feed.close()
+
+    # or, with a callback, until ``stop`` is set:
+    feed.run(lambda u: evaluate(u.version, u.policy), stop=stop_event)
+
+Where a feed starts:
+
+* ``from_version=None``: at the newest version of ``policy_id`` now on the topic (found by
+  reading back from the log end, not by replaying the history), then every later one;
+* ``from_version=k``: every version >= k in order (replayed from the start of the topic),
+  then live ones. A k newer than anything published waits for k to arrive.
+
+Versions are immutable and monotonic, so a feed never goes backwards: a version not newer
+than the last one it handed out (a duplicate record, a second writer) is skipped and counted
+in ``skipped``. ``group``: commit progress under this consumer group, so a restarted feed of
+the same group resumes after the last update it handed out (at-least-once: an update counts
+as handled when the next one is asked for, or when ``run``'s callback returns); a group with
+no committed offset starts as ``from_version`` says.
+
+Records that do not decode as a PolicyVersion are dead-lettered (reason and bytes kept) and
+skipped, never silently. The weights are decoded only when ``update.policy`` (or
+``update.load()``) is first used, so following versions without loading them is cheap.
+
+``follow`` is the JSON-lines generator behind ``rlstream subscribe policies|steps|deadletters``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.networks import Policy
+from rlstream.config import BusConfig
+from rlstream.policies import BlobStore, load_into
+from schemas.errors import CodecError, SchemaMismatchError
+from schemas.events import DeadLetter, GradientStep, PolicyVersion
+from schemas.weights import sha256
+from streams.bus.base import Bus, Consumer, Record
+from streams.events import EventBus
+from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS
+
+__all__ = ["PolicyFeed", "PolicyUpdate", "follow", "open_events", "tail_offsets", "FOLLOWABLE"]
+
+PUBLISHED_NS_HEADER = "rl-published-ns"  # set by the learner (learner.learner) when it publishes
+FOLLOWABLE = ("policies", "steps", "deadletters")
+
+
+# -- plumbing shared by subscribe, serve, rollback and replay ---------------------------------
+
+def open_events(source: BusConfig | Bus | EventBus, metrics: Any = None) -> tuple[EventBus, Bus | None]:
+    """``(events, owned_bus)`` for a BusConfig (a new bus, built by ``rlstream.wiring``; the
+    caller closes ``owned_bus``), a Bus, or an EventBus (used as is; ``owned_bus`` is None).
+
+    A memory BusConfig gives a new, empty in-process bus: in-process callers pass their Bus.
+    """
+    if isinstance(source, EventBus):
+        return source, None
+    from rlstream import wiring
+
+    if isinstance(source, Bus):
+        return wiring.build_events(source, metrics), None
+    if isinstance(source, BusConfig):
+        bus = wiring.build_bus(source)
+        return wiring.build_events(bus, metrics), bus
+    raise TypeError(f"expected a BusConfig, Bus or EventBus, not {type(source).__name__}")
+
+
+def _read_range(bus: Bus, topic: str, partition: int, start: int, stop: int, ends: dict[int, int],
+                timeout: float) -> list[Record]:
+    """Records of ``topic[partition]`` with ``start <= offset < stop`` (ephemeral reader)."""
+    offsets = {(topic, p): (start if p == partition else e) for p, e in ends.items()}
+    c = bus.consumer(None, [topic], start=offsets)
+    out: list[Record] = []
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            recs = c.poll(0.2, max_records=1000)
+            done = False
+            for r in recs:
+                if r.partition != partition:
+                    continue
+                if r.offset >= stop:
+                    done = True
+                    break
+                if r.offset >= start:
+                    out.append(r)
+                if r.offset >= stop - 1:
+                    done = True
+            if done:
+                break
+            if recs:
+                deadline = time.monotonic() + timeout
+    finally:
+        c.close()
+    return out
+
+
+def tail_offsets(bus: Bus, topic: str, matches: Callable[[Record], bool],
+                 timeout: float = 10.0) -> dict[tuple[str, int], int]:
+    """Per partition, the offset of the newest record for which ``matches`` holds (the log end
+    where none does). Reads back from the end in growing windows (1, 4, 16, ... records), so
+    finding the newest policy costs a few records, not a replay of the topic."""
+    ends = bus.end_offsets(topic)
+    out: dict[tuple[str, int], int] = {}
+    for p, end in ends.items():
+        out[(topic, p)] = end
+        stop, window = end, 1
+        while stop > 0:
+            start = max(0, end - window)
+            recs = _read_range(bus, topic, p, start, stop, ends, timeout)
+            hits = [r.offset for r in recs if matches(r)]
+            if hits:
+                out[(topic, p)] = max(hits)
+                break
+            if start == 0 or not recs:
+                break
+            stop, window = start, window * 4
+    return out
+
+
+def _decodes_as(events: EventBus, cls: type, pred: Callable[[Any], bool] | None = None):
+    def matches(rec: Record) -> bool:
+        try:
+            ev = events.codec.decode(rec.value)
+        except CodecError:
+            return False
+        return isinstance(ev, cls) and (pred is None or pred(ev))
+
+    return matches
+
+
+def newest_version(events: EventBus, policy_id: str = "policy", topic: str = POLICY_VERSIONS,
+                   timeout: float = 10.0) -> PolicyVersion | None:
+    """The newest PolicyVersion of ``policy_id`` on ``topic`` (None if there is none)."""
+    match = _decodes_as(events, PolicyVersion, lambda pv: pv.policy_id == policy_id)
+    best: PolicyVersion | None = None
+    ends = events.bus.end_offsets(topic)
+    for (t, p), off in tail_offsets(events.bus, topic, match, timeout).items():
+        if off >= ends.get(p, 0):
+            continue
+        for rec in _read_range(events.bus, t, p, off, off + 1, ends, timeout):
+            pv = events.codec.decode(rec.value)
+            if best is None or pv.version > best.version:
+                best = pv
+    return best
+
+
+def _decode(events: EventBus, rec: Record, expect: type | tuple[type, ...]) -> Any:
+    """The decoded, validated event; raises CodecError (a wrong type included)."""
+    ev = events.codec.decode(rec.value)
+    if not isinstance(ev, expect):
+        names = "/".join(t.__name__ for t in (expect if isinstance(expect, tuple) else (expect,)))
+        raise SchemaMismatchError(f"expected {names} on {rec.topic}, got {type(ev).__name__}")
+    validate = getattr(ev, "validate", None)
+    if validate is not None:
+        validate()
+    return ev
+
+
+# -- PolicyFeed --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PolicyUpdate:
+    """One policy version, as a follower receives it. ``policy`` is built on first use."""
+
+    policy_id: str
+    version: int
+    parent_version: int | None
+    created_at_ms: int
+    algo: str
+    learner_id: str
+    metrics: dict[str, float]
+    published_ns: int | None
+    """When the learner produced it (``rl-published-ns`` header), if it said."""
+    partition: int
+    offset: int
+    event: PolicyVersion = field(repr=False)
+    record: Record | None = field(default=None, repr=False, compare=False)
+    """The bus record it came from (for a dead letter when its weights do not load)."""
+    blob_store: BlobStore | None = field(default=None, repr=False, compare=False)
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, rec: Record, pv: PolicyVersion, blob_store: BlobStore | None = None) -> "PolicyUpdate":
+        sent = rec.headers.get(PUBLISHED_NS_HEADER)
+        try:
+            published = int(sent) if sent else None
+        except ValueError:
+            published = None
+        return cls(policy_id=pv.policy_id, version=pv.version, parent_version=pv.parent_version,
+                   created_at_ms=pv.created_at_ms, algo=pv.algo, learner_id=pv.learner_id,
+                   metrics=dict(pv.metrics), published_ns=published, partition=rec.partition,
+                   offset=rec.offset, event=pv, record=rec, blob_store=blob_store)
+
+    @property
+    def policy(self) -> Policy:
+        """The torch module of this version (decoded once, then cached; eval mode).
+        Raises ``schemas.errors.InvalidEventError`` if the weights do not decode or fit."""
+        if "policy" not in self._cache:
+            self._cache["policy"] = load_into(None, self.event, self.blob_store)
+        return self._cache["policy"]
+
+    def load(self, into: Policy | None = None) -> Policy:
+        """Load the weights into ``into`` (rebuilt if None or of another architecture)."""
+        if into is None:
+            return self.policy
+        return load_into(into, self.event, self.blob_store)
+
+    @property
+    def weights_size(self) -> int:
+        pv = self.event
+        return len(pv.weights) if pv.weights is not None else (pv.weights_ref.size if pv.weights_ref else 0)
+
+    @property
+    def weights_sha256(self) -> str:
+        if "sha" not in self._cache:
+            pv = self.event
+            self._cache["sha"] = sha256(pv.weights) if pv.weights is not None else (
+                pv.weights_ref.sha256 if pv.weights_ref else "")
+        return self._cache["sha"]
+
+    def latency_s(self, now_ns: int | None = None) -> float | None:
+        """Seconds from the learner publishing it to now (None if it did not say when)."""
+        if self.published_ns is None:
+            return None
+        return max(0.0, ((now_ns or time.time_ns()) - self.published_ns) / 1e9)
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able summary (no weights: their size and sha256)."""
+        pv = self.event
+        weights: dict[str, Any] = {"format": pv.weights_format, "bytes": self.weights_size,
+                                   "sha256": self.weights_sha256, "inline": pv.weights is not None}
+        if pv.weights_ref is not None:
+            weights["claim_check"] = {"store": pv.weights_ref.store, "key": pv.weights_ref.key}
+        lat = self.latency_s()
+        return {"event": "policy_version", "policy_id": self.policy_id, "version": self.version,
+                "parent_version": self.parent_version, "created_at_ms": self.created_at_ms,
+                "algo": self.algo, "learner_id": self.learner_id, "metrics": self.metrics,
+                "weights": weights, "partition": self.partition, "offset": self.offset,
+                "latency_s": None if lat is None else round(lat, 6)}
+
+
+class PolicyFeed:
+    """Iterates PolicyVersion events of ``policy_id`` (None: every policy) as PolicyUpdates.
+
+    Args:
+        source: an EventBus or Bus (in-process), or a BusConfig (the feed opens and closes it).
+        policy_id: which policy to follow; None follows all of them (each monotonic on its own).
+        from_version: None: start at the newest; k: replay every version >= k, then follow.
+        group: commit progress under this consumer group (see the module docstring).
+        topic: the versions topic (tests use their own).
+        blob_store: for claim-checked weights.
+        dead_letter: dead-letter records that do not decode (False: only count them).
+        stage: recorded on dead letters.
+    """
+
+    def __init__(self, source: BusConfig | Bus | EventBus, policy_id: str | None = "policy",
+                 from_version: int | None = None, group: str | None = None, *,
+                 topic: str = POLICY_VERSIONS, blob_store: BlobStore | None = None,
+                 dead_letter: bool = True, stage: str = "policy-feed", join_timeout: float = 30.0) -> None:
+        if from_version is not None and from_version < 0:
+            raise ValueError(f"from_version must be >= 0, not {from_version}")
+        self.events, self._owned = open_events(source)
+        self.policy_id = policy_id
+        self.from_version = from_version
+        self.group = group
+        self.topic = topic
+        self.blob_store = blob_store
+        self.dead_letter = dead_letter
+        self.stage = stage
+        self.last_version: dict[str, int] = {}
+        self.delivered = 0
+        self.skipped = 0
+        self.undecodable = 0
+        self.last_error: CodecError | None = None
+        self._to_commit: Record | None = None
+        self._buffer: list[Record] = []
+        self._closed = False
+        try:
+            self.consumer = self._open(join_timeout)
+        except BaseException:
+            self._close_bus()
+            raise
+
+    # -- start position ----------------------------------------------------------------------
+    def _mine(self, pv: PolicyVersion) -> bool:
+        return self.policy_id is None or pv.policy_id == self.policy_id
+
+    def _tail(self) -> dict[tuple[str, int], int]:
+        return tail_offsets(self.events.bus, self.topic, _decodes_as(self.events, PolicyVersion, self._mine))
+
+    def _open(self, join_timeout: float) -> Consumer:
+        bus = self.events.bus
+        if self.group is None:
+            start: Any = "earliest" if self.from_version is not None else self._tail()
+            return bus.consumer(None, [self.topic], start=start)
+        if self.from_version is not None:
+            return bus.consumer(self.group, [self.topic], start="earliest")
+        # Group, newest: the group's committed offset wins; a partition without one starts at
+        # the newest version. Which partitions have one is known once the group assigned them.
+        c = bus.consumer(self.group, [self.topic], start="latest")
+        deadline = time.monotonic() + join_timeout
+        while not c.assignment():
+            if time.monotonic() > deadline:
+                c.close()
+                raise TimeoutError(f"consumer group {self.group} got no partition of {self.topic} "
+                                   f"within {join_timeout:.0f}s")
+            self._buffer.extend(c.poll(0.1, max_records=1000))
+        committed = c.committed()
+        fresh = [tp for tp in c.assignment() if tp not in committed]
+        if fresh:
+            tail = self._tail()
+            for tp in fresh:
+                c.seek(tp[0], tp[1], tail[tp])
+            self._buffer = [r for r in self._buffer if (r.topic, r.partition) not in fresh]
+        return c
+
+    # -- reading -------------------------------------------------------------------------------
+    def _items(self, timeout: float) -> list[tuple[Record, PolicyUpdate | CodecError]]:
+        """Decoded updates and decode failures, in log order (monotonic filter applied)."""
+        if self._closed:
+            raise RuntimeError("feed is closed")
+        if self.group is not None and self._to_commit is not None:
+            self.consumer.commit([self._to_commit])
+            self._to_commit = None
+        recs, self._buffer = self._buffer, []
+        if not recs:
+            recs = self.consumer.poll(timeout, max_records=1000)
+        out: list[tuple[Record, PolicyUpdate | CodecError]] = []
+        for rec in recs:
+            try:
+                pv = _decode(self.events, rec, PolicyVersion)
+            except CodecError as e:
+                self.undecodable += 1
+                self.last_error = e
+                if self.dead_letter:
+                    self.events.dead_letters.send(rec, e.reason, e, self.stage)
+                out.append((rec, e))
+                continue
+            if not self._mine(pv) or (self.from_version is not None and pv.version < self.from_version):
+                continue
+            if pv.version <= self.last_version.get(pv.policy_id, -1):
+                self.skipped += 1
+                continue
+            self.last_version[pv.policy_id] = pv.version
+            out.append((rec, PolicyUpdate.of(rec, pv, self.blob_store)))
+        return out
+
+    def poll(self, timeout: float = 0.0) -> list[PolicyUpdate]:
+        """Updates that arrived within ``timeout`` s (possibly none), oldest first."""
+        items = [(r, x) for r, x in self._items(timeout) if isinstance(x, PolicyUpdate)]
+        if items:
+            self.delivered += len(items)
+            if self.group is not None:
+                self._to_commit = items[-1][0]
+        return [x for _, x in items]
+
+    def updates(self, stop: threading.Event | None = None, idle_timeout: float | None = None,
+                count: int | None = None, poll_interval: float = 0.2) -> Iterator[PolicyUpdate]:
+        """Yield updates until ``stop`` is set, ``count`` were yielded, or ``idle_timeout`` s
+        passed without one (None: no limit)."""
+        yielded = 0
+        last = time.monotonic()
+        while not (stop is not None and stop.is_set()):
+            if count is not None and yielded >= count:
+                return
+            for rec, item in self._items(poll_interval):
+                if not isinstance(item, PolicyUpdate):
+                    continue
+                self.delivered += 1
+                yielded += 1
+                last = time.monotonic()
+                if self.group is not None:
+                    self._to_commit = rec
+                yield item
+                if count is not None and yielded >= count:
+                    self.commit()
+                    return
+            if idle_timeout is not None and time.monotonic() - last > idle_timeout:
+                return
+
+    def __iter__(self) -> Iterator[PolicyUpdate]:
+        return self.updates()
+
+    def run(self, callback: Callable[[PolicyUpdate], Any], stop: threading.Event | None = None,
+            idle_timeout: float | None = None, count: int | None = None) -> int:
+        """Call ``callback(update)`` for each update (committing after it returns) until ``stop``
+        / ``count`` / ``idle_timeout``; returns how many were handled."""
+        n = 0
+        for update in self.updates(stop=stop, idle_timeout=idle_timeout, count=count):
+            callback(update)
+            n += 1
+            self.commit()
+        return n
+
+    def commit(self) -> None:
+        """Commit past the last update handed out (group feeds; no-op otherwise)."""
+        if self.group is not None and self._to_commit is not None and not self._closed:
+            self.consumer.commit([self._to_commit])
+            self._to_commit = None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.consumer.close()
+        finally:
+            self._close_bus()
+
+    def _close_bus(self) -> None:
+        if self._owned is not None:
+            self._owned.close()
+            self._owned = None
+
+    def __enter__(self) -> "PolicyFeed":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- follow: the `rlstream subscribe` generator ------------------------------------------------
+
+def _payload(data: bytes | None) -> dict[str, Any]:
+    data = data or b""
+    return {"bytes": len(data), "sha256": sha256(data)}
+
+
+def _key(key: bytes | None) -> str | None:
+    if key is None:
+        return None
+    try:
+        return key.decode("utf-8")
+    except UnicodeDecodeError:
+        return "0x" + key.hex()
+
+
+def _describe_step(rec: Record, s: GradientStep) -> dict[str, Any]:
+    return {"event": "gradient_step", "learner_id": s.learner_id, "step": s.step,
+            "from_version": s.from_version, "to_version": s.to_version, "algo": s.algo,
+            "losses": s.losses, "grad_norm": s.grad_norm, "num_samples": s.num_samples,
+            "batches": len(s.batch_ids), "started_at_ms": s.started_at_ms,
+            "finished_at_ms": s.finished_at_ms, "partition": rec.partition, "offset": rec.offset}
+
+
+def _describe_dead_letter(rec: Record, d: DeadLetter) -> dict[str, Any]:
+    return {"event": "dead_letter", "topic": d.topic, "partition": d.partition, "offset": d.offset,
+            "reason": d.reason, "error_class": d.error_class, "stage": d.stage,
+            "occurred_at_ms": d.occurred_at_ms, "key": _key(d.key), "detail": d.detail,
+            "value": _payload(d.value), "headers": sorted(d.headers),
+            "dead_letter_partition": rec.partition, "dead_letter_offset": rec.offset}
+
+
+def _describe_error(rec: Record, e: CodecError) -> dict[str, Any]:
+    return {"event": "undecodable", "topic": rec.topic, "partition": rec.partition, "offset": rec.offset,
+            "reason": e.reason, "error": str(e), "value": _payload(rec.value)}
+
+
+def follow(bus_config: BusConfig | Bus | EventBus, what: str, from_version: int | None = None,
+           count: int | None = None, idle_timeout: float | None = None,
+           stop: threading.Event | None = None, *, policy_id: str | None = None,
+           topic: str | None = None) -> Iterator[dict[str, Any]]:
+    """JSON-able dicts, one per event of ``what`` (policies | steps | deadletters), never weights.
+
+    * policies: PolicyVersion summaries (weights by size and sha256), as ``PolicyFeed``
+      starts them (newest, or every version >= ``from_version``); ``policy_id`` None: all.
+    * steps: GradientStep events; None starts at the newest, k at ``to_version >= k``.
+    * deadletters: every DeadLetter from the beginning (they are few and each matters);
+      ``from_version`` does not apply.
+
+    A record that does not decode gives an ``{"event": "undecodable", ...}`` line (this
+    read-only tail does not dead-letter it: the consumers that own the topic do). Stops after
+    ``count`` lines, ``idle_timeout`` s without one, or when ``stop`` is set.
+    """
+    if what not in FOLLOWABLE:
+        raise ValueError(f"cannot follow {what!r}: choose from {', '.join(FOLLOWABLE)}")
+    if what == "deadletters" and from_version is not None:
+        raise ValueError("--from-version applies to policies and steps, not deadletters")
+    events, owned = open_events(bus_config)
+    try:
+        if what == "policies":
+            feed = PolicyFeed(events, policy_id=policy_id, from_version=from_version,
+                              topic=topic or POLICY_VERSIONS, dead_letter=False, stage="subscribe")
+
+            def poll(t: float) -> list[tuple[Record, dict]]:
+                return [(r, x.describe() if isinstance(x, PolicyUpdate) else _describe_error(r, x))
+                        for r, x in feed._items(t)]
+
+            closer = feed.close
+        else:
+            name = topic or (LEARNER_STEPS if what == "steps" else DEADLETTER)
+            cls, describe = (GradientStep, _describe_step) if what == "steps" else (DeadLetter, _describe_dead_letter)
+            if what == "steps" and from_version is None:
+                start: Any = tail_offsets(events.bus, name, _decodes_as(events, GradientStep))
+            else:
+                start = "earliest"
+            consumer = events.bus.consumer(None, [name], start=start)
+
+            def poll(t: float) -> list[tuple[Record, dict]]:
+                out = []
+                for rec in consumer.poll(t, max_records=1000):
+                    try:
+                        ev = _decode(events, rec, cls)
+                    except CodecError as e:
+                        out.append((rec, _describe_error(rec, e)))
+                        continue
+                    if what == "steps" and from_version is not None and ev.to_version < from_version:
+                        continue
+                    out.append((rec, describe(rec, ev)))
+                return out
+
+            closer = consumer.close
+        try:
+            n = 0
+            last = time.monotonic()
+            while not (stop is not None and stop.is_set()):
+                if count is not None and n >= count:
+                    return
+                for _, line in poll(0.2):
+                    yield line
+                    n += 1
+                    last = time.monotonic()
+                    if count is not None and n >= count:
+                        return
+                if idle_timeout is not None and time.monotonic() - last > idle_timeout:
+                    return
+        finally:
+            closer()
+    finally:
+        if owned is not None:
+            owned.close()

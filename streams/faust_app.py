@@ -1,0 +1,389 @@
+"""Faust shell of the prepare pipeline: ``faust -A streams worker -l info``.
+
+The same ``Prepare`` (reorder -> staleness -> importance) as the in-process ``PrepareWorker``,
+driven by Faust over Kafka:
+
+* agent ``follow-policies`` on ``rl.policy.versions`` feeds ``prepare.on_policy``. The topic is
+  consumed without acks (never committed), so a restarted worker replays the versions and
+  knows the latest policy again before it matters; weights are decoded lazily, only for the
+  version a batch needs.
+* agent ``prepare-samples`` on ``rl.samples.raw`` pushes each record through ``Prepare`` and
+  sends PreparedBatch bytes to ``rl.samples.prepared`` (key actor_id) and DeadLetter bytes to
+  ``rl.deadletter``, all encoded with ``schemas.codec``. Acks are manual: a record is acked
+  once its output is delivered, so a batch held by the reorder buffer keeps the committed
+  offset behind it (at least once; a crash redelivers it).
+* timer ``reorder-tick`` releases batches whose reorder gap timed out.
+* ``/metrics`` on the worker's web port (``RLSTREAM_METRICS_PORT``, default 9102) serves the
+  processor metrics (``rlstream.obs.metrics.Metrics``, role ``streams``).
+
+Exceptions while handling one record dead-letter it (``processor_error``); the agent goes on.
+Settings come from the environment once, here (``StreamsSettings.from_env``): ``KAFKA_BROKERS``
+(comma separated host:port) and the Kafka security settings the bus reads
+(``streams.bus.kafka.kafka_client_config``), mapped to Faust credentials.
+
+Limits: every worker must see every PolicyVersion, but ``follow-policies`` is a normal agent in
+the worker group, so with several workers only the one assigned the (single) policy partition
+sees them -- run one streams worker per deployment, or the in-process ``PrepareWorker`` (its
+policy reader is group-less) to scale out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+
+from schemas.codec import Codec
+from schemas.errors import CodecError, SchemaMismatchError
+from schemas.events import DeadLetter, PolicyVersion, PreparedBatch, SampleBatch, now_ms
+from streams.events import MAX_DEADLETTER_PAYLOAD
+from streams.processors.importance import PolicyLogpFn
+from streams.processors.pipeline import REASON_PROCESSOR_ERROR, Output, Prepare, PrepareConfig
+from streams.topics import DEADLETTER, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW, TOPICS
+
+log = logging.getLogger(__name__)
+
+STAGE = "streams.faust"
+APP_ID = "rlstream-streams"
+ENV_KAFKA_BROKERS = "KAFKA_BROKERS"
+DEFAULT_BROKERS = "127.0.0.1:9092"
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+#: ``send(topic, key, value, headers)`` -> awaitable that completes when the record is durable.
+SendFn = Callable[[str, bytes | None, bytes, dict[str, bytes]], Awaitable[Any]]
+
+
+# --- settings -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StreamsSettings:
+    """Settings of the Faust streams worker (parsed once, from the environment)."""
+
+    brokers: str = DEFAULT_BROKERS
+    """Kafka bootstrap servers, comma separated host:port."""
+    app_id: str = APP_ID
+    """Faust app id (= consumer group)."""
+    topic_partitions: int = 1
+    """Partitions of topics Faust creates when they do not exist."""
+    web_port: int = 9102
+    """Port of the worker's web server (``/metrics``); ``faust worker --web-port`` overrides."""
+    tick_interval_s: float = 0.1
+    """How often reorder timeouts are checked."""
+    stats_interval_s: float = 30.0
+    """How often the processor stats are logged."""
+    prepare: PrepareConfig = field(default_factory=PrepareConfig)
+    """The pipeline settings."""
+    client_config: Mapping[str, str] = field(default_factory=dict)
+    """librdkafka-style security settings (security.protocol, sasl.*, ssl.*)."""
+    torch_threads: int = 1
+    """Intra-op threads for the IS forward pass (small MLPs are fastest on one; 0: torch's default)."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "StreamsSettings":
+        env = os.environ if env is None else env
+        brokers = env.get(ENV_KAFKA_BROKERS, "").strip() or DEFAULT_BROKERS
+        try:
+            from rlstream.obs.ports import metrics_port
+
+            port = metrics_port("streams", env)
+        except ImportError:
+            port = 9102
+        return cls(brokers=brokers, web_port=port, client_config=_bus_client_config())
+
+
+def _bus_client_config() -> dict[str, str]:
+    """The Kafka bus's security settings (``streams.bus.kafka.kafka_client_config``: the
+    ``RLSTREAM_KAFKA_*`` variables of the process environment), if the bus module is there."""
+    try:
+        from streams.bus.kafka import kafka_client_config
+    except ImportError:
+        return {}
+    try:
+        conf = dict(kafka_client_config())
+    except Exception as e:  # a bad security setting must be loud, not silently plaintext
+        raise RuntimeError(f"cannot read the Kafka client settings: {e}") from e
+    return {k: str(v) for k, v in conf.items() if k == "security.protocol" or k.startswith(("sasl.", "ssl."))}
+
+
+def broker_urls(brokers: str) -> list[str]:
+    hosts = [h.strip() for h in brokers.split(",") if h.strip()]
+    if not hosts:
+        raise ValueError("no Kafka brokers given")
+    return [h if "://" in h else f"kafka://{h}" for h in hosts]
+
+
+def faust_credentials(conf: Mapping[str, str]) -> Any:
+    """librdkafka security settings -> Faust broker_credentials (None for plaintext)."""
+    protocol = conf.get("security.protocol", "PLAINTEXT").upper()
+    if protocol == "PLAINTEXT":
+        return None
+    ctx = None
+    if protocol in ("SSL", "SASL_SSL"):
+        ctx = ssl.create_default_context(cafile=conf.get("ssl.ca.location") or None)
+        if conf.get("ssl.certificate.location"):
+            ctx.load_cert_chain(conf["ssl.certificate.location"], conf.get("ssl.key.location") or None,
+                                conf.get("ssl.key.password") or None)
+        if conf.get("ssl.endpoint.identification.algorithm", "https").lower() == "none":
+            ctx.check_hostname = False
+    if protocol == "SSL":
+        return faust.SSLCredentials(ctx)
+    if protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
+        mech = conf.get("sasl.mechanism", conf.get("sasl.mechanisms", "PLAIN")).upper()
+        return faust.SASLCredentials(username=conf.get("sasl.username"), password=conf.get("sasl.password"),
+                                     ssl_context=ctx, mechanism=mech)
+    raise ValueError(f"unsupported security.protocol {protocol!r}")
+
+
+# --- the app --------------------------------------------------------------------------------
+
+def _headers(h: Any) -> dict[str, bytes]:
+    if not h:
+        return {}
+    items = h.items() if isinstance(h, Mapping) else h
+    out = {}
+    for k, v in items:
+        k = k.decode() if isinstance(k, bytes) else str(k)
+        out[k] = v if isinstance(v, bytes) else str(v).encode()
+    return out
+
+
+class StreamsApp:
+    """The Faust app with its agents around one ``Prepare``. ``app`` is what Faust runs."""
+
+    def __init__(self, settings: StreamsSettings, prepare: Prepare | None = None, metrics: Any = None,
+                 codec: Codec | None = None) -> None:
+        self.settings = settings
+        if settings.torch_threads > 0:
+            import torch
+
+            torch.set_num_threads(settings.torch_threads)
+        self.codec = codec or Codec()
+        self.metrics = metrics if metrics is not None else _make_metrics()
+        self.prepare = prepare or Prepare.from_config(
+            settings.prepare, PolicyLogpFn.from_policy_version, metrics=self.metrics)
+        self.app = faust.App(
+            settings.app_id,
+            broker=broker_urls(settings.brokers),
+            broker_credentials=faust_credentials(settings.client_config),
+            store="memory://",
+            topic_partitions=settings.topic_partitions,
+            key_serializer="raw",
+            value_serializer="raw",
+            web_port=settings.web_port,
+            web_enabled=True,
+            # Held (reorder-buffered) records stay unacked on purpose: never wait for them
+            # on rebalance/stop; they are redelivered, uncommitted.
+            stream_wait_empty=False,
+            producer_max_request_size=MAX_MESSAGE_BYTES,
+            consumer_max_fetch_size=MAX_MESSAGE_BYTES,
+            consumer_auto_offset_reset="earliest",
+        )
+        self.topics = {name: self._topic(name) for name in (POLICY_VERSIONS, SAMPLES_RAW, SAMPLES_PREPARED,
+                                                            DEADLETTER)}
+        self.send: SendFn = self._kafka_send
+        self._held: dict[tuple[int, int], Any] = {}  # (partition, offset) -> faust event not acked yet
+        self.published = 0
+        self.dead_lettered = 0
+        self._wire()
+
+    def _topic(self, name: str) -> Any:
+        spec = TOPICS[name]
+        return self.app.topic(
+            name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
+            partitions=spec.partitions if name in (POLICY_VERSIONS, DEADLETTER) else None,
+            config={k: v for k, v in spec.config.items()}, internal=True,
+            acks=name != POLICY_VERSIONS,  # policy versions are replayed on every start
+        )
+
+    def _wire(self) -> None:
+        app = self.app
+
+        @app.agent(self.topics[POLICY_VERSIONS], name="follow-policies")
+        async def follow_policies(stream):
+            async for event in stream.events():
+                yield await self.on_policy_event(event)
+
+        @app.agent(self.topics[SAMPLES_RAW], name="prepare-samples")
+        async def prepare_samples(stream):
+            async for event in stream.noack().events():
+                yield await self.on_sample_event(event)
+
+        @app.timer(self.settings.tick_interval_s, name="reorder-tick")
+        async def reorder_tick():
+            await self.tick()
+
+        @app.timer(self.settings.stats_interval_s, name="stats-log")
+        async def stats_log():
+            log.info("prepare stats %s", json.dumps(self.prepare.stats.as_dict(), sort_keys=True))
+
+        @app.task
+        async def declare_outputs():
+            for name in (SAMPLES_PREPARED, DEADLETTER):
+                try:
+                    await self.topics[name].maybe_declare()
+                except Exception as e:
+                    log.warning("could not declare %s: %r", name, e)
+
+        @app.on_partitions_revoked.connect
+        async def on_revoked(sender, revoked, **kwargs):
+            self.on_revoked({tp.partition for tp in revoked if tp.topic == SAMPLES_RAW})
+
+        @app.page("/metrics")
+        async def metrics_page(web, request):
+            if self.metrics is None:
+                return web.bytes(b"# metrics disabled (rlstream.obs.metrics not importable)\n",
+                                 content_type="text/plain")
+            return web.bytes(self.metrics.render(), content_type="text/plain; version=0.0.4")
+
+        @app.page("/healthz")
+        async def healthz(web, request):
+            return web.json({"ok": True, "stats": self.prepare.stats.as_dict()})
+
+        self.policies_agent = follow_policies
+        self.samples_agent = prepare_samples
+        self.reorder_tick = reorder_tick
+
+    # -- handlers (each catches per-record errors) ------------------------------------------
+    def _decode(self, value: Any, expect: type) -> Any:
+        ev = self.codec.decode(value)
+        if not isinstance(ev, expect):
+            raise SchemaMismatchError(f"expected {expect.__name__}, got {type(ev).__name__}")
+        validate = getattr(ev, "validate", None)
+        if validate is not None:
+            validate()
+        return ev
+
+    async def on_policy_event(self, event: Any) -> bool:
+        try:
+            pv = self._decode(event.value, PolicyVersion)
+            return self.prepare.on_policy(pv)
+        except Exception as e:
+            self.prepare.stats.policy_errors += 1
+            reason = e.reason if isinstance(e, CodecError) else REASON_PROCESSOR_ERROR
+            await self._dead_letter(event.message, reason, e)
+            return False
+
+    async def on_sample_event(self, event: Any) -> int:
+        msg = event.message
+        key = (msg.partition, msg.offset)
+        try:
+            batch = self._decode(event.value, SampleBatch)
+        except CodecError as e:
+            self.prepare.reject_record(e.reason, e, msg.partition, msg.offset)
+            await self._dead_letter(msg, e.reason, e)
+            event.ack()
+            return 1
+        except Exception as e:
+            self.prepare.reject_record(REASON_PROCESSOR_ERROR, e, msg.partition, msg.offset)
+            await self._dead_letter(msg, REASON_PROCESSOR_ERROR, e)
+            event.ack()
+            return 1
+        self._held[key] = event
+        try:
+            outs = self.prepare.push(batch, msg.partition, msg.offset)
+        except Exception as e:
+            self._held.pop(key, None)
+            self.prepare.reject_record(REASON_PROCESSOR_ERROR, e, msg.partition, msg.offset)
+            await self._dead_letter(msg, REASON_PROCESSOR_ERROR, e)
+            event.ack()
+            return 1
+        await self._emit(outs)
+        return len(outs)
+
+    async def tick(self) -> int:
+        try:
+            outs = self.prepare.tick()
+        except Exception:
+            log.exception("reorder tick failed")
+            return 0
+        await self._emit(outs)
+        return len(outs)
+
+    def on_revoked(self, partitions: set[int]) -> None:
+        if not partitions:
+            return
+        dropped = self.prepare.revoke(partitions)
+        for k in [k for k in self._held if k[0] in partitions]:
+            self._held.pop(k)  # not acked: the new owner gets them again
+        if dropped:
+            log.info("rebalance: released %d buffered batches of partitions %s", dropped, sorted(partitions))
+
+    # -- output -----------------------------------------------------------------------------
+    async def _kafka_send(self, topic: str, key: bytes | None, value: bytes, headers: dict[str, bytes]) -> Any:
+        fut = await self.topics[topic].send(key=key, value=value, headers=list(headers.items()))
+        return await fut
+
+    async def _emit(self, outs: list[Output]) -> None:
+        for out in outs:
+            if isinstance(out, PreparedBatch):
+                event = self._held.pop((out.source_partition, out.source_offset), None)
+                try:
+                    await self.send(SAMPLES_PREPARED, out.sample.actor_id.encode(), self.codec.encode(out),
+                                    self.codec.headers_for(out))
+                    self.published += 1
+                except Exception as e:
+                    if event is None:
+                        log.exception("could not publish a prepared batch")
+                        continue
+                    self.prepare.reject_record(REASON_PROCESSOR_ERROR, e, out.source_partition, out.source_offset)
+                    await self._dead_letter(event.message, REASON_PROCESSOR_ERROR, e)
+            else:
+                event = self._held.pop((out.partition, out.offset), None)
+                if out.dead_letter and event is not None:
+                    await self._dead_letter(event.message, out.reason, out.error or out.reason, out.detail)
+            if event is not None:
+                event.ack()
+
+    async def _dead_letter(self, msg: Any, reason: str, error: BaseException | str, detail: str = "") -> None:
+        value = msg.value if isinstance(msg.value, (bytes, bytearray)) else repr(msg.value).encode()
+        if len(value) > MAX_DEADLETTER_PAYLOAD:
+            detail = f"{detail} (payload of {len(value)} bytes cut to {MAX_DEADLETTER_PAYLOAD})".strip()
+            value = value[:MAX_DEADLETTER_PAYLOAD]
+        if isinstance(error, BaseException):
+            err_class = type(error).__name__
+            detail = detail or f"{err_class}: {error}"[:2000]
+        else:
+            err_class = str(error)
+        key = msg.key if isinstance(msg.key, (bytes, type(None))) else str(msg.key).encode()
+        dl = DeadLetter(
+            topic=str(msg.topic), partition=int(msg.partition), offset=int(msg.offset), value=bytes(value),
+            reason=reason, error_class=err_class, stage=STAGE, occurred_at_ms=now_ms(), key=key,
+            headers=_headers(msg.headers), detail=detail,
+        )
+        try:
+            await self.send(DEADLETTER, key, self.codec.encode(dl), self.codec.headers_for(dl))
+            self.dead_lettered += 1
+        except Exception:
+            log.exception("could not dead-letter %s[%s]@%s (%s)", msg.topic, msg.partition, msg.offset, reason)
+            return
+        if self.metrics is not None:
+            try:
+                self.metrics.count_dead_letter(str(msg.topic), reason)
+            except Exception:
+                pass
+
+
+def _make_metrics() -> Any:
+    """The role's Prometheus metrics, if ``rlstream.obs.metrics`` is available (else None)."""
+    try:
+        from rlstream.obs.metrics import Metrics
+    except ImportError:
+        return None
+    return Metrics(role="streams", gpu=False)
+
+
+def build_app(settings: StreamsSettings | None = None, **kwargs: Any) -> StreamsApp:
+    return StreamsApp(settings or StreamsSettings.from_env(), **kwargs)
+
+
+streams_app = build_app()
+app = streams_app.app
+
+__all__ = ["StreamsApp", "StreamsSettings", "app", "broker_urls", "build_app", "faust_credentials",
+           "streams_app"]

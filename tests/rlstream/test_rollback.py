@@ -1,0 +1,115 @@
+"""rlstream rollback: snapshot K republished as version newest+1 (parent K), seen by a live
+subscriber with K's weights; clear errors for a missing snapshot or store."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from learner.snapshots import open_store
+from rlstream.rollback import RollbackError, rollback
+from rlstream.subscribe import PolicyFeed
+
+
+@pytest.fixture
+def history(events, pv, tmp_path):
+    """Versions 0..4 published with different weights, each snapshotted."""
+    store = open_store(tmp_path / "snaps", keep_last=None)
+    policies = {}
+    for v in range(5):
+        policies[v] = pv.publish(events, v)
+        store.save(v, policies[v].state_dict(), {"algo": "ppo", "updates": v})
+    return store, policies
+
+
+def test_rollback_publishes_a_new_version_with_the_snapshot_weights(events, pv, history, capsys):
+    store, policies = history
+    with PolicyFeed(events) as feed:  # a live follower, at the newest (4)
+        assert [u.version for u in feed.poll(1.0)] == [4]
+        got = []
+        t = threading.Thread(target=lambda: got.extend(feed.updates(count=1, idle_timeout=10.0)))
+        t.start()
+        t0 = time.perf_counter()
+        result = rollback(events, str(store.path), 2)
+        t.join(10)
+        seen_after = time.perf_counter() - t0
+    assert result["new_version"] == 5 and result["from_snapshot"] == 2 and result["parent_version"] == 2
+    assert result["previous_version"] == 4 and result["arch_source"] == "version 4"
+    (u,) = got
+    assert u.version == 5 and u.parent_version == 2 and u.learner_id == "rollback"
+    assert pv.same_weights(u.policy, policies[2])
+    assert not pv.same_weights(u.policy, policies[4])
+    assert u.metrics == {"rollback_from_snapshot": 2.0}
+    with capsys.disabled():
+        print(f"\nrollback: {result['seconds'] * 1e3:.1f} ms in rollback(), "
+              f"{seen_after * 1e3:.1f} ms until the subscriber had version 5")
+    # A second rollback stacks on top: versions only grow.
+    assert rollback(events, store.url, 0)["new_version"] == 6
+
+
+def test_missing_snapshot_lists_what_exists(events, history):
+    store, _ = history
+    with pytest.raises(RollbackError, match=r"no snapshot of version 9 .*snapshots there: 0, 1, 2, 3, 4"):
+        rollback(events, str(store.path), 9)
+
+
+def test_missing_store_is_an_error_and_is_not_created(events, tmp_path):
+    where = tmp_path / "nope"
+    with pytest.raises(RollbackError, match="does not exist"):
+        rollback(events, str(where), 0)
+    assert not where.exists()
+
+
+def test_without_published_versions_the_architecture_comes_from_the_shapes(events, pv, tmp_path):
+    store = open_store(tmp_path / "s", keep_last=None)
+    p = pv.make_policy(3, hidden=(16, 4))
+    store.save(3, p.state_dict(), {"algo": "ppo"})
+    result = rollback(events, str(store.path), 3)
+    assert result["new_version"] == 4 and result["arch_source"].startswith("shapes")
+    assert result["arch"]["hidden"] == [16, 4]
+    with PolicyFeed(events, from_version=0) as feed:
+        (u,) = feed.poll(1.0)
+    assert u.version == 4 and pv.same_weights(u.policy, p)
+
+
+def test_rollback_of_snapshots_a_learner_wrote(events, pv, tmp_path):
+    import numpy as np
+
+    from agents.registry import make_algorithm
+    from learner.learner import Learner, LearnerConfig
+    from schemas.events import PreparedBatch, SampleBatch, new_id, now_ms
+    from streams.topics import SAMPLES_PREPARED
+
+    T, N, OBS, ACT = 8, 2, 3, 1
+    rng = np.random.default_rng(0)
+
+    def prepared(seq):
+        sb = SampleBatch(
+            batch_id=new_id(), actor_id="actor-0", seq=seq, env_id="Toy-v0", policy_version=seq,
+            created_at_ms=now_ms(), obs=rng.normal(size=(T, N, OBS)).astype(np.float32),
+            actions=rng.normal(size=(T, N, ACT)).astype(np.float32), rewards=rng.normal(size=(T, N)).astype(np.float32),
+            terminated=np.zeros((T, N), bool), truncated=np.zeros((T, N), bool),
+            behaviour_logp=np.full((T, N), -1.0, np.float32), last_obs=np.zeros((N, OBS), np.float32),
+            final_obs_index=np.zeros(0, np.int64), final_obs=np.zeros((0, OBS), np.float32))
+        ones = np.ones((T, N), np.float32)
+        return PreparedBatch(sb, seq, 0, 0, ones, ones, now_ms())
+
+    store = open_store(tmp_path / "snaps", keep_last=None)
+    algo = make_algorithm("ppo", OBS, ACT, {"num_minibatches": 1, "update_epochs": 1, "hidden": [8]}, "cpu")
+    learner = Learner(LearnerConfig(train_batch_size=T * N, snapshot_every=1), algo, events, snapshots=store)
+    learner.start(resume=False)
+    for s in range(3):
+        events.publish(SAMPLES_PREPARED, prepared(s), key="actor-0")
+        assert learner.step(0.5) is not None
+    learner.close()
+    assert store.versions() == [1, 2, 3]
+    weights1, _ = store.load(1)
+    result = rollback(events, str(store.path), 1)
+    assert result["new_version"] == 4 and result["arch"]["hidden"] == [8]
+    with PolicyFeed(events) as feed:
+        (u,) = feed.poll(1.0)
+    assert u.version == 4 and u.parent_version == 1
+    state = u.policy.state_dict()
+    assert all(np.array_equal(state[k].numpy(), weights1[k].numpy()) for k in weights1)

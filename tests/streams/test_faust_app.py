@@ -1,0 +1,196 @@
+"""The Faust shell, broker-less: agents driven with ``agent.test_context()``."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import numpy as np
+import pytest
+import torch
+
+from schemas.codec import Codec
+from schemas.events import DeadLetter, PolicyVersion, PreparedBatch, SampleBatch
+from streams.faust_app import StreamsApp, StreamsSettings, broker_urls, faust_credentials
+from streams.processors.pipeline import Prepare, PrepareConfig
+from streams.topics import DEADLETTER, POLICY_VERSIONS, SAMPLES_PREPARED
+
+torch.set_num_threads(1)
+CODEC = Codec()
+T, N, OBS, ACT = 4, 2, 3, 2
+
+
+class Clock:
+    def __init__(self, t: int = 1_000_000) -> None:
+        self.t = t
+
+    def __call__(self) -> int:
+        return self.t
+
+
+def make_batch(actor: str, seq: int, version: int, created: int, batch_id: str | None = None) -> SampleBatch:
+    rng = np.random.default_rng(seq)
+    return SampleBatch(
+        batch_id=batch_id or f"{actor}-{seq}", actor_id=actor, seq=seq, env_id="Test-v0",
+        policy_version=version, created_at_ms=created,
+        obs=rng.standard_normal((T, N, OBS)).astype(np.float32),
+        actions=rng.standard_normal((T, N, ACT)).astype(np.float32),
+        rewards=np.zeros((T, N), np.float32), terminated=np.zeros((T, N), bool),
+        truncated=np.zeros((T, N), bool), behaviour_logp=np.full((T, N), -1.5, np.float32),
+        last_obs=np.zeros((N, OBS), np.float32), final_obs_index=np.zeros((0,), np.int64),
+        final_obs=np.zeros((0, OBS), np.float32),
+    )
+
+
+@pytest.fixture
+def streams():
+    clock = Clock()
+
+    def factory(pv):
+        return lambda obs, act: np.full(obs.shape[:2], -1.5 + np.log(0.5), np.float32)
+
+    cfg = PrepareConfig(max_versions=2, max_ms=10_000, reorder_timeout_ms=500)
+    prepare = Prepare.from_config(cfg, factory, clock=clock)
+    sa = StreamsApp(StreamsSettings(app_id=f"test-{uuid.uuid4().hex[:8]}"), prepare=prepare, metrics=None)
+    sent: list[tuple[str, bytes | None, bytes]] = []
+
+    async def fake_send(topic, key, value, headers):
+        assert headers["rl-schema"]
+        sent.append((topic, key, value))
+
+    sa.send = fake_send
+    return clock, sa, sent
+
+
+def decoded(sent, topic, cls):
+    return [CODEC.decode(v, cls) for t, _, v in sent if t == topic]
+
+
+def test_agents_prepare_and_dead_letter(streams):
+    clock, sa, sent = streams
+
+    async def scenario():
+        async with sa.policies_agent.test_context() as pa:
+            for v in range(4):
+                await pa.put(CODEC.encode(PolicyVersion("p", v, clock.t, "L", "ppo")), key=b"p")
+            await pa.put(b"not a policy", key=b"p")
+        assert sa.prepare.stats.latest_version == 3
+        async with sa.samples_agent.test_context() as agent:
+            for s in [0, 2, 1]:  # reordered
+                await agent.put(CODEC.encode(make_batch("a", s, 3, clock.t)), key=b"a")
+            await agent.put(CODEC.encode(make_batch("a", 1, 3, clock.t)), key=b"a")  # duplicate
+            await agent.put(CODEC.encode(make_batch("a", 3, 0, clock.t)), key=b"a")  # 3 versions behind
+            await agent.put(CODEC.encode(make_batch("a", 4, 2, clock.t)), key=b"a")  # off-policy, kept
+            await agent.put(CODEC.encode(make_batch("a", 6, 3, clock.t)), key=b"a")  # gap at 5
+            await agent.put(b"\x00garbage", key=b"a")
+            assert len(sa._held) == 1
+            clock.t += 500
+            assert await sa.tick() == 1
+            await agent.put(CODEC.encode(make_batch("a", 5, 3, clock.t - 500)), key=b"a")  # late now
+
+    asyncio.run(scenario())
+    prepared = decoded(sent, SAMPLES_PREPARED, PreparedBatch)
+    dead = decoded(sent, DEADLETTER, DeadLetter)
+    assert [p.sample.seq for p in prepared] == [0, 1, 2, 4, 6]
+    off = prepared[3]
+    assert off.staleness_versions == 1 and off.current_version == 3
+    np.testing.assert_allclose(off.is_rho, 0.5, rtol=1e-6)
+    assert sorted(d.reason for d in dead) == ["corrupt", "corrupt", "late", "stale_versions"]
+    assert {d.topic for d in dead if d.reason == "corrupt"} == {POLICY_VERSIONS, "rl.samples.raw"}
+    stale = next(d for d in dead if d.reason == "stale_versions")
+    assert CODEC.decode(stale.value, SampleBatch).seq == 3 and stale.error_class == "PolicyStalenessError"
+    s = sa.prepare.stats
+    assert s.drops == {"duplicate": 1, "stale_versions": 1, "corrupt": 1, "late": 1}
+    assert s.emitted_batches == 5 and sa._held == {}
+
+
+def test_processor_error_does_not_stop_the_agent(streams):
+    clock, sa, sent = streams
+    real_push = sa.prepare.push
+
+    def push(batch, partition=-1, offset=-1):
+        if batch.actor_id == "bad":
+            raise RuntimeError("processor bug")
+        return real_push(batch, partition, offset)
+
+    sa.prepare.push = push
+
+    async def scenario():
+        async with sa.samples_agent.test_context() as agent:
+            await agent.put(CODEC.encode(make_batch("bad", 0, 0, clock.t)), key=b"bad")
+            await agent.put(CODEC.encode(make_batch("ok", 0, 0, clock.t)), key=b"ok")
+
+    asyncio.run(scenario())
+    assert [d.reason for d in decoded(sent, DEADLETTER, DeadLetter)] == ["processor_error"]
+    assert [p.sample.actor_id for p in decoded(sent, SAMPLES_PREPARED, PreparedBatch)] == ["ok"]
+
+
+def test_failed_publish_is_dead_lettered(streams):
+    clock, sa, sent = streams
+    ok_send = sa.send
+
+    async def flaky(topic, key, value, headers):
+        if topic == SAMPLES_PREPARED:
+            raise RuntimeError("record too large")
+        await ok_send(topic, key, value, headers)
+
+    sa.send = flaky
+
+    async def scenario():
+        async with sa.samples_agent.test_context() as agent:
+            await agent.put(CODEC.encode(make_batch("a", 0, 0, clock.t)), key=b"a")
+
+    asyncio.run(scenario())
+    assert [d.reason for d in decoded(sent, DEADLETTER, DeadLetter)] == ["processor_error"]
+
+
+def test_revocation_forgets_held_batches(streams):
+    clock, sa, sent = streams
+
+    async def scenario():
+        async with sa.samples_agent.test_context() as agent:
+            await agent.put(CODEC.encode(make_batch("a", 3, 0, clock.t)), key=b"a")
+            assert len(sa._held) == 1
+            sa.on_revoked({0})
+            assert sa._held == {} and sa.prepare.reorder.buffered == 0
+            clock.t += 10_000
+            assert await sa.tick() == 0
+
+    asyncio.run(scenario())
+    assert sent == []
+
+
+def test_settings_and_credentials():
+    s = StreamsSettings.from_env({"KAFKA_BROKERS": "k1:9092, k2:9093", "RLSTREAM_METRICS_PORT": "9999"})
+    assert broker_urls(s.brokers) == ["kafka://k1:9092", "kafka://k2:9093"] and s.web_port == 9999
+    assert StreamsSettings.from_env({}).brokers == "127.0.0.1:9092"
+    assert faust_credentials({}) is None
+    c = faust_credentials({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
+                           "sasl.username": "u", "sasl.password": "pw"})
+    assert c.username == "u" and str(c.mechanism.value) == "SCRAM-SHA-512"
+    c = faust_credentials({"security.protocol": "SSL"})
+    assert c.context is not None
+    with pytest.raises(ValueError):
+        faust_credentials({"security.protocol": "BOGUS"})
+
+
+def test_security_settings_come_from_the_bus_env(monkeypatch):
+    pytest.importorskip("streams.bus.kafka")
+    monkeypatch.setenv("RLSTREAM_KAFKA_SECURITY_PROTOCOL", "SASL_PLAINTEXT")
+    monkeypatch.setenv("RLSTREAM_KAFKA_SASL_MECHANISM", "PLAIN")
+    monkeypatch.setenv("RLSTREAM_KAFKA_SASL_USERNAME", "svc")
+    monkeypatch.setenv("RLSTREAM_KAFKA_SASL_PASSWORD", "pw")
+    s = StreamsSettings.from_env()
+    assert s.client_config["security.protocol"] == "SASL_PLAINTEXT"
+    c = faust_credentials(s.client_config)
+    assert c.username == "svc" and c.password == "pw"
+
+
+def test_module_app_is_configured():
+    import streams
+
+    app = streams.app
+    assert app.conf.id == "rlstream-streams"
+    assert app.conf.topic_partitions == 1 and str(app.conf.store) == "memory:"
+    names = {a.name for a in app.agents.values()}
+    assert any(n.endswith("prepare-samples") for n in names) and any(n.endswith("follow-policies") for n in names)

@@ -1,0 +1,212 @@
+"""``faust -A streams worker`` as a subprocess against a real Kafka broker.
+
+Uses the ``kafka_bootstrap`` fixture when tests/conftest.py provides one, else
+``$KAFKA_BROKERS``; skipped without either. The topics are the fixed ones from
+streams/topics.py and may hold other tests' records, so everything this test sends is
+tagged with a run id (actor ids, keys, a huge unique policy version) and only tagged
+outputs are counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from schemas.codec import Codec
+from schemas.events import DeadLetter, PolicyVersion, PreparedBatch, SampleBatch, now_ms
+from schemas.weights import encode_weights
+from streams.topics import DEADLETTER, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW, TOPICS
+
+pytestmark = pytest.mark.kafka
+torch.set_num_threads(1)
+
+ROOT = Path(__file__).resolve().parents[2]
+CODEC = Codec()
+T, N, OBS, ACT = 8, 2, 3, 2
+
+
+@pytest.fixture
+def bootstrap(request) -> str:
+    try:
+        return request.getfixturevalue("kafka_bootstrap")
+    except pytest.FixtureLookupError:
+        pass
+    b = os.environ.get("KAFKA_BROKERS", "").strip()
+    if not b:
+        pytest.skip("no Kafka broker (kafka_bootstrap fixture or KAFKA_BROKERS)")
+    return b
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_batch(actor: str, seq: int, version: int, batch_id: str | None = None) -> SampleBatch:
+    rng = np.random.default_rng(seq)
+    return SampleBatch(
+        batch_id=batch_id or f"{actor}-{seq}", actor_id=actor, seq=seq, env_id="Test-v0",
+        policy_version=version, created_at_ms=now_ms(),
+        obs=rng.standard_normal((T, N, OBS)).astype(np.float32),
+        actions=rng.standard_normal((T, N, ACT)).astype(np.float32),
+        rewards=np.zeros((T, N), np.float32), terminated=np.zeros((T, N), bool),
+        truncated=np.zeros((T, N), bool), behaviour_logp=np.full((T, N), -3.0, np.float32),
+        last_obs=np.zeros((N, OBS), np.float32), final_obs_index=np.zeros((0,), np.int64),
+        final_obs=np.zeros((0, OBS), np.float32),
+    )
+
+
+def policy_version(version: int) -> PolicyVersion:
+    from agents.networks import Policy
+
+    torch.manual_seed(0)
+    p = Policy(OBS, ACT, hidden=(8,))
+    w = encode_weights(p.state_dict(), {"obs_dim": OBS, "act_dim": ACT, "hidden": [8]})
+    return PolicyVersion("p", version, now_ms(), "test", "ppo", weights=w)
+
+
+def http_json(url: str):
+    with urllib.request.urlopen(url, timeout=2) as r:
+        return json.loads(r.read())
+
+
+def test_faust_worker_end_to_end(bootstrap, tmp_path):
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futs = admin.create_topics([NewTopic(t, 1, 1, config=dict(TOPICS[t].config))
+                                for t in (POLICY_VERSIONS, SAMPLES_RAW, SAMPLES_PREPARED, DEADLETTER)])
+    for f in futs.values():
+        try:
+            f.result(30)
+        except Exception as e:  # already there
+            if "TOPIC_ALREADY_EXISTS" not in str(e):
+                raise
+
+    run = uuid.uuid4().hex[:10]
+    actor = f"{run}-a"
+    version = 10**15 + int(run[:6], 16)
+    port = free_port()
+
+    # where the outputs start now
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{run}", "enable.auto.commit": False})
+    start = {}
+    for t in (SAMPLES_PREPARED, DEADLETTER, POLICY_VERSIONS, SAMPLES_RAW):
+        deadline = time.monotonic() + 30
+        while True:  # a topic just created has no leader for a moment
+            try:
+                start[t] = probe.get_watermark_offsets(TopicPartition(t, 0), timeout=5)[1]
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    start = {t: start[t] for t in (SAMPLES_PREPARED, DEADLETTER)}
+    probe.close()
+
+    env = {**os.environ, "KAFKA_BROKERS": bootstrap, "RLSTREAM_METRICS_PORT": str(port),
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    log_path = tmp_path / "faust.log"
+    logf = open(log_path, "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "faust", "-A", "streams", "--datadir", str(tmp_path / "data"),
+                             "worker", "-l", "info", "--web-port", str(port)],
+                            cwd=str(ROOT), env=env, stdout=logf, stderr=subprocess.STDOUT)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+
+    def send(topic, key, ev_or_bytes):
+        if isinstance(ev_or_bytes, bytes):
+            producer.produce(topic, ev_or_bytes, key=key)
+        else:
+            producer.produce(topic, CODEC.encode(ev_or_bytes), key=key,
+                             headers=list(CODEC.headers_for(ev_or_bytes).items()))
+
+    try:
+        send(POLICY_VERSIONS, b"p", policy_version(version))
+        producer.flush(30)
+        deadline = time.monotonic() + 120
+        while True:  # ready once the worker follows our policy version
+            assert proc.poll() is None, log_path.read_text()[-5000:]
+            try:
+                if http_json(f"http://127.0.0.1:{port}/healthz")["stats"]["latest_version"] == version:
+                    break
+            except (OSError, ValueError, KeyError):
+                pass
+            assert time.monotonic() < deadline, "worker never saw the policy version:\n" + log_path.read_text()[-5000:]
+            time.sleep(0.5)
+
+        for s in [0, 2, 1, 3, 4, 5]:  # 1 and 2 swapped
+            send(SAMPLES_RAW, actor.encode(), make_batch(actor, s, version))
+        send(SAMPLES_RAW, actor.encode(), make_batch(actor, 3, version))  # duplicate
+        send(SAMPLES_RAW, actor.encode(), make_batch(actor, 6, version - 1))  # off-policy: IS computed
+        send(SAMPLES_RAW, actor.encode(), make_batch(actor, 7, version - 10))  # stale by versions
+        send(SAMPLES_RAW, f"{run}-g".encode(), b"\x00\x01 garbage")
+        producer.flush(30)
+
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{run}", "enable.auto.commit": False})
+        c.assign([TopicPartition(t, 0, o) for t, o in start.items()])
+        prepared, dead = [], []
+        deadline = time.monotonic() + 90
+        while (len(prepared) < 7 or len(dead) < 2) and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None or m.error():
+                continue
+            if m.topic() == SAMPLES_PREPARED:
+                pb = CODEC.decode(m.value(), PreparedBatch)
+                if pb.sample.actor_id == actor:
+                    prepared.append(pb)
+            elif m.key() and m.key().startswith(run.encode()):
+                dead.append(CODEC.decode(m.value(), DeadLetter))
+        time.sleep(2)  # anything extra would show up now
+        while (m := c.poll(0.5)) is not None:
+            if not m.error() and m.topic() == SAMPLES_PREPARED:
+                pb = CODEC.decode(m.value(), PreparedBatch)
+                if pb.sample.actor_id == actor:
+                    prepared.append(pb)
+            elif not m.error() and m.key() and m.key().startswith(run.encode()):
+                dead.append(CODEC.decode(m.value(), DeadLetter))
+        c.close()
+
+        log_tail = log_path.read_text()[-5000:]
+        assert [p.sample.seq for p in prepared] == list(range(7)), log_tail
+        assert sorted(d.reason for d in dead) == ["corrupt", "stale_versions"], log_tail
+        off = prepared[6]
+        assert off.staleness_versions == 1 and off.current_version == version
+        assert not np.allclose(off.is_rho, 1.0) and (off.is_rho <= 1.0).all()
+        assert all((p.is_rho == 1.0).all() for p in prepared[:6])
+        stats = http_json(f"http://127.0.0.1:{port}/healthz")["stats"]
+        assert stats["drops"].get("duplicate", 0) >= 1
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+        assert 'rlstream_drops_total{reason="duplicate",role="streams"}' in metrics
+    finally:
+        producer.flush(10)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+            pytest.fail("faust worker did not stop within 60 s of SIGTERM:\n" + log_path.read_text()[-5000:])
+        finally:
+            logf.close()
+    assert rc == 0, log_path.read_text()[-5000:]
+    assert "Traceback" not in log_path.read_text(), log_path.read_text()[-5000:]
+    # every raw record was handled and acked, so the group committed up to the end
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "rlstream-streams", "enable.auto.commit": False})
+    (tp,) = c.committed([TopicPartition(SAMPLES_RAW, 0)], timeout=30)
+    end = c.get_watermark_offsets(TopicPartition(SAMPLES_RAW, 0), timeout=30)[1]
+    c.close()
+    assert tp.offset == end
