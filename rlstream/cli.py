@@ -7,6 +7,7 @@ import json
 import signal
 import sys
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-json", action="store_true", help="JSON log lines (default: console)")
     p.add_argument("--run-id", default="")
+    p.add_argument("--log-dir", default=None,
+                   help="memory bus: directory of a run's event log (e.g. runs/latest/log) to read or extend")
 
 
 def _add_training(p: argparse.ArgumentParser) -> None:
@@ -47,7 +50,8 @@ def _add_training(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group-size", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="algorithm config override")
-    p.add_argument("--run-dir", type=Path, default=Path("runs/latest"))
+    p.add_argument("--run-dir", type=Path, default=None,
+                   help="default: runs/<run-id> (runs/latest links to it); with --resume: runs/latest")
     p.add_argument("--snapshot-store", default=None, help="path, file:// or redis:// URL")
     p.add_argument("--snapshot-every", type=int, default=10)
     p.add_argument("--resume", action="store_true", help="resume from the newest snapshot")
@@ -112,23 +116,57 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def resolve_run_dir(run_dir: Path | None, run_id: str, resume: bool) -> Path:
+    """``runs/<run_id>`` for a new run (``runs/latest`` points at it), ``runs/latest`` to resume."""
+    if run_dir is not None:
+        return run_dir
+    runs = Path("runs")
+    if resume:
+        return runs / "latest"
+    target = runs / run_id
+    target.mkdir(parents=True, exist_ok=True)
+    latest = runs / "latest"
+    if latest.is_symlink() or not latest.exists():
+        tmp = runs / f".latest-{run_id}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(run_id)
+        tmp.replace(latest)
+    return target
+
+
 def train_config(a: argparse.Namespace, default_bus: str = "memory"):
-    from rlstream.config import BusConfig, StreamsConfig, TrainConfig
+    from rlstream.config import BusConfig, TrainConfig
+    from streams.processors.pipeline import PrepareConfig
 
     num_envs = a.num_envs if a.num_envs is not None else (8 if a.algo in ("grpo", "dapo") else 1)
-    bus = BusConfig.from_env(kind=a.bus or None, bootstrap=a.bootstrap)
-    if a.bus is None and getattr(a, "mode", None) == "colocated":
-        bus = BusConfig(kind="memory", bootstrap=bus.bootstrap)
+    run_id = a.run_id or uuid.uuid4().hex[:12]
+    mode = getattr(a, "mode", "decoupled")
+    run_dir = resolve_run_dir(a.run_dir, run_id, a.resume) if mode == "colocated" else (
+        a.run_dir or Path("runs") / "decoupled")
+    bus = BusConfig.from_env(kind=a.bus or None, bootstrap=a.bootstrap, log_dir=a.log_dir)
+    if mode == "colocated" and (a.bus or "memory") == "memory":
+        log_dir = Path(a.log_dir) if a.log_dir else run_dir / "log"
+        if not a.resume and (log_dir / "_topics.json").exists():
+            raise SystemExit(f"{run_dir} already holds a run's event log; pass --resume to continue it, "
+                             "or choose another --run-dir")
+        if a.resume and not (log_dir / "_topics.json").exists():
+            raise SystemExit(f"--resume: no run to resume in {run_dir} (no event log at {log_dir})")
+        bus = BusConfig(kind="memory", bootstrap=bus.bootstrap, log_dir=str(log_dir))
     elif a.bus is None and default_bus == "kafka":
         bus = BusConfig(kind="kafka", bootstrap=bus.bootstrap)
+    streams_overrides = {}
+    if a.max_versions is not None:
+        streams_overrides["max_versions"] = a.max_versions
+    if a.max_ms is not None:
+        streams_overrides["max_ms"] = a.max_ms
     return TrainConfig(
-        mode=getattr(a, "mode", "decoupled"), algo=a.algo, env_id=a.env_id, total_steps=a.total_steps,
+        mode=mode, algo=a.algo, env_id=a.env_id, total_steps=a.total_steps,
         num_actors=a.num_actors, num_envs=num_envs, fragment_steps=a.fragment_steps,
         train_batch_size=a.train_batch_size, seed=a.seed, group_size=a.group_size,
-        algo_overrides=_kv(a.set), run_dir=a.run_dir, run_id=a.run_id, snapshot_store=a.snapshot_store,
+        algo_overrides=_kv(a.set), run_dir=run_dir, run_id=run_id, snapshot_store=a.snapshot_store,
         snapshot_every=a.snapshot_every, resume=a.resume, plot=a.plot, metrics_port=a.metrics_port,
         log_every_s=a.log_every, device=a.device,
-        streams=StreamsConfig(max_versions=a.max_versions, max_ms=a.max_ms), bus=bus,
+        streams=PrepareConfig.for_algo(a.algo, **streams_overrides), bus=bus,
     )
 
 
@@ -209,11 +247,26 @@ def cmd_role(a: argparse.Namespace) -> int:
     return 0
 
 
+def _tool_bus(a: argparse.Namespace):
+    """The bus of a tool command: Kafka, or a co-located run's log with --log-dir / --bus memory."""
+    from rlstream.config import BusConfig
+
+    log_dir = a.log_dir
+    if a.bus == "memory" and log_dir is None and getattr(a, "run_dir", None) is not None:
+        log_dir = str(Path(a.run_dir) / "log")
+    kind = a.bus or ("memory" if log_dir else "kafka")
+    if kind == "memory" and not log_dir:
+        raise SystemExit("--bus memory needs --log-dir (the event log of a co-located run, e.g. runs/latest/log)")
+    if kind == "memory" and not (Path(log_dir) / "_topics.json").exists():
+        raise SystemExit(f"no event log at {log_dir}")
+    return BusConfig.from_env(kind=kind, bootstrap=a.bootstrap, log_dir=log_dir)
+
+
 def cmd_subscribe(a: argparse.Namespace) -> int:
     from rlstream.config import BusConfig
     from rlstream.subscribe import follow
 
-    bus = BusConfig.from_env(kind=a.bus or "kafka", bootstrap=a.bootstrap)
+    bus = _tool_bus(a)
     stop = _stop_on_signals()
     for line in follow(bus, a.what, from_version=a.from_version, count=a.count, idle_timeout=a.timeout, stop=stop):
         print(json.dumps(line), flush=True)
@@ -224,7 +277,7 @@ def cmd_replay(a: argparse.Namespace) -> int:
     from rlstream.config import BusConfig
     from rlstream.replay import run_replay
 
-    bus = BusConfig.from_env(kind=a.bus or "kafka", bootstrap=a.bootstrap)
+    bus = _tool_bus(a)
     summary = run_replay(bus, topic=a.topic, segment=a.segment, train=a.train_dpo, beta=a.beta,
                          epochs=a.epochs, out=a.out)
     print(json.dumps({"summary": summary}, indent=2))
@@ -235,7 +288,7 @@ def cmd_rollback(a: argparse.Namespace) -> int:
     from rlstream.config import BusConfig
     from rlstream.rollback import RollbackError, rollback
 
-    bus = BusConfig.from_env(kind=a.bus or "kafka", bootstrap=a.bootstrap)
+    bus = _tool_bus(a)
     store = a.snapshot_store or str(a.run_dir / "snapshots")
     try:
         result = rollback(bus, store, a.to_version, algo=a.algo, env_id=a.env_id)
@@ -250,7 +303,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from rlstream.config import BusConfig
     from rlstream.serve import serve
 
-    bus = BusConfig.from_env(kind=a.bus or "kafka", bootstrap=a.bootstrap)
+    bus = _tool_bus(a)
     return serve(bus, policy_id=a.policy_id, port=a.port, stop=_stop_on_signals())
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from typing import Any
 
 from rlstream import wiring
@@ -48,7 +47,7 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
         progress.steps = learner.stats.updates * cfg.train_batch_size
         progress.updates = learner.stats.updates
     progress.version = learner.version
-    worker = wiring.build_prepare_worker(cfg, events, metrics, algo.default_staleness_k)
+    worker = wiring.build_prepare_worker(cfg, events, metrics)
     actors = [wiring.build_actor(cfg, events, metrics, i, on_batch=on_batch, log=log)
               for i in range(cfg.num_actors)]
     if log is not None:
@@ -70,7 +69,7 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
         learner.close()
         worker.close()
     summary = progress.summary()
-    stats = worker.stats_dict() if hasattr(worker, "stats_dict") else {}
+    stats = worker.prepare.stats.as_dict()
     summary.update({
         "mode": "colocated", "algo": cfg.algo, "env": cfg.env_id,
         "events": {t: sum(bus.end_offsets(t).values())
@@ -82,12 +81,3 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     summary.update(progress.write(cfg.run_dir, cfg.plot, f"{cfg.algo} on {cfg.env_id} (co-located)"))
     (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
-
-
-def wait_until(pred, timeout: float, interval: float = 0.01) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(interval)
-    return pred()

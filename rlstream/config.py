@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from streams.processors.pipeline import PrepareConfig
 from rlstream.obs.ports import ENV_BUS, ENV_KAFKA_BROKERS, ENV_REDIS_URL, ENV_RUN_ID, ENV_SNAPSHOT_STORE
 
 
@@ -21,33 +22,18 @@ class BusConfig:
     """Kafka bootstrap servers (kind=kafka)."""
     partitions: int = 1
     """Partitions of the sample topics when this process creates them."""
+    log_dir: str | None = None
+    """kind=memory: keep the log in files here (history and commits survive the process, so a
+    run can resume and be replayed); None: purely in memory."""
 
     @classmethod
-    def from_env(cls, kind: str | None = None, bootstrap: str | None = None) -> "BusConfig":
+    def from_env(cls, kind: str | None = None, bootstrap: str | None = None,
+                 log_dir: str | None = None) -> "BusConfig":
         return cls(
             kind=kind or os.environ.get(ENV_BUS, "memory"),
             bootstrap=bootstrap or os.environ.get(ENV_KAFKA_BROKERS, "127.0.0.1:9092"),
+            log_dir=log_dir,
         )
-
-
-@dataclass(frozen=True)
-class StreamsConfig:
-    max_versions: int | None = None
-    """Staleness window K (versions); None: the algorithm's default."""
-    max_ms: int | None = None
-    """Staleness window T (ms); None: no time limit."""
-    staleness_mode: str = "drop"
-    """drop or downweight batches outside the window."""
-    reorder_window: int = 64
-    """Max batches buffered per actor while waiting for a missing seq."""
-    reorder_timeout_s: float = 2.0
-    """How long a seq gap is waited for before skipping it."""
-    rho_bar: float = 1.0
-    """V-trace rho truncation."""
-    c_bar: float = 1.0
-    """V-trace c truncation."""
-    weight_cap: float | None = None
-    """Behaviour-weight cap: ratios above it are masked (AReaL-style); None disables."""
 
 
 @dataclass(frozen=True)
@@ -99,8 +85,13 @@ class TrainConfig:
     (records) passes this; the learner would otherwise keep versioning ahead of stale data."""
     breaker_close_below: float = 32.0
     """Circuit breaker: resume once the backlog is back under this."""
-    streams: StreamsConfig = field(default_factory=StreamsConfig)
+    streams: PrepareConfig | None = None
+    """Stream-processor settings (staleness window, reorder, IS); None: the algorithm's defaults
+    (``PrepareConfig.for_algo``)."""
     bus: BusConfig = field(default_factory=BusConfig)
+
+    def prepare_config(self) -> PrepareConfig:
+        return self.streams if self.streams is not None else PrepareConfig.for_algo(self.algo)
 
     def effective_run_id(self) -> str:
         return self.run_id or os.environ.get(ENV_RUN_ID) or uuid.uuid4().hex[:12]

@@ -181,11 +181,9 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
 
 def streams_env(cfg: TrainConfig) -> dict[str, str]:
     """Settings the Faust worker reads (it is started by faust's own CLI, so they go by env)."""
-    from agents.registry import ALGORITHMS
-
-    algo_cls = ALGORITHMS[cfg.algo][1]
-    k = cfg.streams.max_versions if cfg.streams.max_versions is not None else algo_cls.default_staleness_k
-    out = {"RLSTREAM_STALENESS_K": str(k), "RLSTREAM_STALENESS_MODE": cfg.streams.staleness_mode}
-    if cfg.streams.max_ms is not None:
-        out["RLSTREAM_STALENESS_MS"] = str(cfg.streams.max_ms)
+    p = cfg.prepare_config()
+    out = {"RLSTREAM_ALGO": cfg.algo, "RLSTREAM_STALENESS_K": str(p.max_versions),
+           "RLSTREAM_STALENESS_MODE": p.staleness_mode}
+    if p.max_ms is not None:
+        out["RLSTREAM_STALENESS_MS"] = str(p.max_ms)
     return out

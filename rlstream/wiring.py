@@ -28,7 +28,7 @@ GROUP_DEFAULTS = {"grpo": 8, "dapo": 8}
 def build_bus(cfg: BusConfig) -> Bus:
     """The bus of ``cfg`` with every topic created."""
     if cfg.kind == "memory":
-        bus = make_bus("memory")
+        bus = make_bus("memory", path=cfg.log_dir)
     elif cfg.kind == "kafka":
         bus = make_bus("kafka", bootstrap=cfg.bootstrap)
     else:
@@ -95,10 +95,15 @@ def build_actor(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, ind
     return Actor(acfg, sub, events, on_batch=batch_hook, on_reject=on_reject)
 
 
-def build_prepare_worker(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, default_k: int):
-    from streams.worker import build_worker
+def build_prepare_worker(cfg: TrainConfig, events: EventBus, metrics: Metrics | None):
+    """The in-process shell of the stream processors (co-located mode; the Faust app is the
+    other shell of the same ``Prepare``)."""
+    from streams.processors.importance import PolicyLogpFn
+    from streams.processors.pipeline import Prepare
+    from streams.worker import PrepareWorker
 
-    return build_worker(events, cfg.streams, default_k=default_k, metrics=metrics)
+    prepare = Prepare.from_config(cfg.prepare_config(), PolicyLogpFn.from_policy_version, metrics=metrics)
+    return PrepareWorker(events, prepare, metrics=metrics)
 
 
 def build_learner(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, algo, on_update=None,

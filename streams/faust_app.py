@@ -94,7 +94,28 @@ class StreamsSettings:
             port = metrics_port("streams", env)
         except ImportError:
             port = 9102
-        return cls(brokers=brokers, web_port=port, client_config=_bus_client_config())
+        return cls(brokers=brokers, web_port=port, client_config=_bus_client_config(),
+                   prepare=prepare_config_from_env(env))
+
+
+def prepare_config_from_env(env: Mapping[str, str]) -> PrepareConfig:
+    """``RLSTREAM_ALGO`` picks the algorithm's defaults; ``RLSTREAM_STALENESS_K`` / ``_MS`` /
+    ``_MODE`` override the window (``rlstream train --mode decoupled`` sets them)."""
+    overrides: dict[str, Any] = {}
+    try:
+        if env.get("RLSTREAM_STALENESS_K", "").strip():
+            overrides["max_versions"] = int(env["RLSTREAM_STALENESS_K"])
+        if env.get("RLSTREAM_STALENESS_MS", "").strip():
+            ms = env["RLSTREAM_STALENESS_MS"].strip()
+            overrides["max_ms"] = None if ms.lower() in ("none", "-1") else int(ms)
+    except ValueError as e:
+        raise ValueError(f"bad staleness setting in the environment: {e}") from e
+    mode = env.get("RLSTREAM_STALENESS_MODE", "").strip()
+    if mode:
+        if mode not in ("drop", "downweight"):
+            raise ValueError(f"RLSTREAM_STALENESS_MODE must be drop or downweight, not {mode!r}")
+        overrides["staleness_mode"] = mode
+    return PrepareConfig.for_algo(env.get("RLSTREAM_ALGO", "ppo").strip() or "ppo", **overrides)
 
 
 def _bus_client_config() -> dict[str, str]:

@@ -112,13 +112,18 @@ def kafka_bootstrap(tmp_path_factory):
     pytest.skip(msg)
 
 
-@pytest.fixture(params=["memory", pytest.param("kafka", marks=pytest.mark.kafka)])
+@pytest.fixture(params=["memory", "memory-files", pytest.param("kafka", marks=pytest.mark.kafka)])
 def bus(request):
-    """A fresh bus of each backend (the Kafka one on the session broker)."""
+    """A fresh bus of each backend (the Kafka one on the session broker; ``memory-files`` is the
+    in-memory bus that also keeps its log in files, as co-located runs do)."""
     if request.param == "memory":
         from streams.bus.memory import MemoryBus
 
         b = MemoryBus()
+    elif request.param == "memory-files":
+        from streams.bus.memory import MemoryBus
+
+        b = MemoryBus(path=request.getfixturevalue("tmp_path") / "log")
     else:
         from streams.bus.kafka import KafkaBus
 

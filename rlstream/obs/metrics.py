@@ -98,7 +98,7 @@ BREAKER_HALF_OPEN = 2
 #: but keep the set small: every value is a series).
 DROP_REASONS: tuple[str, ...] = (
     "stale_versions",  # older than K policy versions
-    "stale_time",  # older than T ms
+    "stale_ms",  # older than T ms
     "duplicate",  # batch_id seen before
     "reorder_overflow",  # reorder window full
     "reorder_timeout",  # gap never filled

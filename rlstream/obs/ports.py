@@ -52,6 +52,8 @@ ENV_ACTOR_INDEX = "RLSTREAM_ACTOR_INDEX"
 ENV_STALENESS_K = "RLSTREAM_STALENESS_K"
 ENV_STALENESS_MS = "RLSTREAM_STALENESS_MS"
 ENV_STALENESS_MODE = "RLSTREAM_STALENESS_MODE"
+#: Algorithm whose stream-processor defaults the Faust worker starts from (``PrepareConfig.for_algo``).
+ENV_ALGO = "RLSTREAM_ALGO"
 
 #: Every environment variable an rlstream process reads. Manifests may set no
 #: other variable on an rlstream container.
@@ -66,6 +68,7 @@ ENV_VARS: tuple[str, ...] = (
     ENV_STALENESS_K,
     ENV_STALENESS_MS,
     ENV_STALENESS_MODE,
+    ENV_ALGO,
 )
 
 #: Sub-commands of the ``rlstream`` CLI (rlstream/cli.py is wired to this list).

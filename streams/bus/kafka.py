@@ -296,6 +296,24 @@ class KafkaBus(Bus):
     def end_offsets(self, topic: str) -> dict[int, int]:
         return {p: self._watermarks(topic, p)[1] for p in range(self._partitions(topic))}
 
+    def group_lag(self, group: str, topic: str) -> int:
+        """End offsets minus the group's committed offsets (from the log start where none)."""
+        from confluent_kafka import ConsumerGroupTopicPartitions
+
+        parts = range(self._partitions(topic))
+        req = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in parts])
+        try:
+            fut = self._admin.list_consumer_group_offsets([req], request_timeout=_TIMEOUT)[group]
+            committed = {tp.partition: tp.offset for tp in fut.result(timeout=_TIMEOUT).topic_partitions}
+        except KafkaException as e:
+            raise BusError(f"cannot read committed offsets of group {group} on {topic}: {e}") from e
+        lag = 0
+        for p in parts:
+            low, high = self._watermarks(topic, p)
+            c = committed.get(p, -1)
+            lag += high - (c if c >= 0 else low)
+        return lag
+
     # -- produce ----------------------------------------------------------------------------
     def produce(self, topic, value, key=None, headers=None, partition=None) -> None:
         if self._closed:

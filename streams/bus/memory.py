@@ -9,12 +9,15 @@ committed offset, else the consumer's ``start`` policy — the same rule Kafka a
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from streams.bus.filelog import FileLog
 from streams.bus.base import (
     TP,
     Bus,
@@ -61,7 +64,10 @@ class _Group:
 class MemoryBus(Bus):
     name = "memory"
 
-    def __init__(self, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, auto_create: bool = True) -> None:
+    def __init__(self, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, auto_create: bool = True,
+                 path: str | os.PathLike | None = None, fsync: bool = False) -> None:
+        """``path``: keep the log in files there too (and load what is there), so the history
+        and the groups' commits survive the process; None: purely in memory."""
         self.max_message_bytes = max_message_bytes
         self.auto_create = auto_create
         self._topics: dict[str, list[_Partition]] = {}
@@ -71,6 +77,24 @@ class MemoryBus(Bus):
         self._rr = itertools.count()
         self._member_ids = itertools.count()
         self._closed = False
+        self._log: FileLog | None = None
+        if path is not None:
+            self._log = FileLog(Path(path), fsync=fsync)
+            self._load()
+
+    def _load(self) -> None:
+        log = self._log
+        for name, meta in log.topics().items():
+            parts = self._topics[name] = [_Partition() for _ in range(int(meta["partitions"]))]
+            if meta.get("max_message_bytes") is not None:
+                self._max_bytes[name] = int(meta["max_message_bytes"])
+            for i, part in enumerate(parts):
+                for r in log.records(name, i):
+                    if r.offset != part.end:
+                        raise BusError(f"{log.dir}/{name}/{i}.log: offset {r.offset} where {part.end} was expected")
+                    part.records.append(r)
+        for group, committed in log.groups().items():
+            self._groups[group] = _Group(committed=dict(committed))
 
     # -- topics -----------------------------------------------------------------------------
     def create_topics(self, specs: Iterable) -> None:
@@ -88,6 +112,8 @@ class MemoryBus(Bus):
             limit = spec.config.get("max.message.bytes")
             if limit is not None:
                 self._max_bytes[spec.name] = int(limit)
+            if self._log is not None:
+                self._log.add_topic(spec.name, len(parts), self._max_bytes.get(spec.name))
         return parts
 
     def _parts(self, topic: str) -> list[_Partition]:
@@ -129,13 +155,17 @@ class MemoryBus(Bus):
             if not 0 <= p < len(parts):
                 raise BusError(f"partition {p} out of range for {topic} ({len(parts)} partitions)")
             part = parts[p]
-            part.records.append(
-                Record(topic, p, part.end, key, bytes(value), dict(headers or {}), time.time_ns() // 1_000_000)
-            )
+            rec = Record(topic, p, part.end, key, bytes(value), dict(headers or {}), time.time_ns() // 1_000_000)
+            part.records.append(rec)
+            if self._log is not None:
+                self._log.append(rec)
             self._cond.notify_all()
 
     def flush(self, timeout: float = 30.0) -> None:
-        return None  # appends are synchronous
+        """Appends are synchronous in memory; with a ``path``, this writes the files out."""
+        if self._log is not None:
+            with self._cond:
+                self._log.flush()
 
     # -- consume ----------------------------------------------------------------------------
     def consumer(self, group: str | None, topics: list[str], start: StartAt = "earliest") -> "MemoryConsumer":
@@ -180,8 +210,17 @@ class MemoryBus(Bus):
             committed = g.committed if g else {}
             return sum(p.end - committed.get((topic, i), p.base) for i, p in enumerate(self._parts(topic)))
 
+    def _save_groups(self) -> None:
+        """Persist the groups' commits (caller holds the lock)."""
+        if self._log is not None:
+            self._log.flush()  # a commit never points past records that are not in the files
+            self._log.save_groups({name: g.committed for name, g in self._groups.items() if g.committed})
+
     def close(self) -> None:
         with self._cond:
+            if self._log is not None and not self._closed:
+                self._save_groups()
+                self._log.close()
             self._closed = True
             self._cond.notify_all()
 
@@ -263,6 +302,7 @@ class MemoryConsumer(Consumer):
             for tp, off in upto.items():
                 if tp in self._positions:  # a partition revoked by a rebalance is no longer ours
                     g.committed[tp] = max(g.committed.get(tp, 0), off)
+            self.bus._save_groups()
 
     def committed(self) -> dict[TP, int]:
         if self.group is None:

@@ -447,3 +447,20 @@ def test_event_bus_dead_letters_bad_records_and_keeps_going(bus, new_topic):
         assert d.topic == topic and d.partition == 0 and d.value == value and d.key == b"actor-0"
         assert d.stage == "test" and d.error_class.endswith("Error") and d.detail
     assert events.dead_letters.counts == {"corrupt": 2, "unknown_schema": 1, "wrong_type": 1, "invalid": 1}
+
+
+def test_group_lag_counts_what_the_group_has_not_committed(bus, new_topic):
+    topic = new_topic()
+    for i in range(5):
+        bus.produce(topic, b"v%d" % i, key=b"k")
+    bus.flush()
+    assert bus.group_lag(f"never-joined-{uuid.uuid4().hex[:6]}", topic) == 5
+    group = f"lagger-{uuid.uuid4().hex[:6]}"
+    c = bus.consumer(group, [topic], start="earliest")
+    got = []
+    deadline = time.monotonic() + 20
+    while len(got) < 3 and time.monotonic() < deadline:
+        got += c.poll(0.5, max_records=3 - len(got))
+    c.commit(got[:3])
+    assert bus.group_lag(group, topic) == 2
+    c.close()

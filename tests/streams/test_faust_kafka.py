@@ -3,7 +3,7 @@
 Uses the ``kafka_bootstrap`` fixture when tests/conftest.py provides one, else
 ``$KAFKA_BROKERS``; skipped without either. The topics are the fixed ones from
 streams/topics.py and may hold other tests' records, so everything this test sends is
-tagged with a run id (actor ids, keys, a huge unique policy version) and only tagged
+tagged with a run id (actor ids, keys, a huge increasing policy version) and only tagged
 outputs are counted.
 """
 
@@ -99,7 +99,7 @@ def test_faust_worker_end_to_end(bootstrap, tmp_path):
 
     run = uuid.uuid4().hex[:10]
     actor = f"{run}-a"
-    version = 10**15 + int(run[:6], 16)
+    version = 10**15 + now_ms()  # above any earlier run's, so it becomes the latest
     port = free_port()
 
     # where the outputs start now
