@@ -106,8 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rollback", help="republish a snapshot as the newest policy version")
     _add_common(p)
     p.add_argument("--to", dest="to_version", type=int, required=True)
-    p.add_argument("--algo", default="ppo")
-    p.add_argument("--env", dest="env_id", default="HalfCheetah-v5")
+    p.add_argument("--algo", default=None, help="default: the one the snapshot records")
+    p.add_argument("--env", dest="env_id", default=None, help="check the snapshot is of this env")
     p.add_argument("--run-dir", type=Path, default=Path("runs/latest"))
     p.add_argument("--snapshot-store", default=None)
 
@@ -291,7 +291,7 @@ def cmd_rollback(a: argparse.Namespace) -> int:
     bus = _tool_bus(a)
     store = a.snapshot_store or str(a.run_dir / "snapshots")
     try:
-        result = rollback(bus, store, a.to_version, algo=a.algo, env_id=a.env_id)
+        result = rollback(bus, store, a.to_version, algo=a.algo or "ppo", env_id=a.env_id)
     except RollbackError as e:
         print(f"rollback failed: {e}", file=sys.stderr)
         return 2

@@ -140,7 +140,7 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     bus = wiring.build_bus(cfg.bus)  # create the topics before anyone subscribes
     bus.close()
     spawn("learner", _role_cmd("learner", cfg, []))
-    spawn("streams", [sys.executable, "-m", "faust", "-A", "streams", "worker", "-l", "warning",
+    spawn("streams", [sys.executable, "-m", "faust", "-A", "streams", "worker", "-l", "warn",
                       "--without-web"])
     for i in range(cfg.num_actors):
         spawn(f"actor-{i}", _role_cmd("actor", cfg, ["--index", str(i)]))

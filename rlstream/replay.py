@@ -316,7 +316,7 @@ def run_replay(bus_config: BusConfig | Bus | EventBus, topic: str = SAMPLES_RAW,
             batches += 1
             segs, unused = build_segments(batch, segment)
             segments.extend(segs)
-            skipped["steps_outside_segments"] += unused
+            skipped["steps_outside_segments"] += int(unused)
         pairs, pair_skips = pair_segments(segments, margin, margin_std)
         skipped.update(pair_skips)
         published = existing = 0
