@@ -40,7 +40,9 @@ class ActorConfig:
     """Base seed of env resets and action noise."""
     group_size: int = 0
     """>0: group mode (GRPO/DAPO): each fragment resets all envs with one seed per group of this
-    many envs, so a group's rollouts share a start state; group_ids are set."""
+    many envs, so a group's rollouts share a start state; group_ids are set. A column is one
+    rollout: the fragment ends as soon as every column has finished its first episode (or after
+    ``fragment_steps``), and only those first episodes are reported in the episode stats."""
     max_nonfinite: int = 10
     """Give up (raise) after this many consecutive fragments rejected for NaN/inf env output."""
     vector_mode: str = "sync"
@@ -128,6 +130,8 @@ class Actor:
         ep_lengths: list[int] = []
         obs = self._obs
         low, high = spec.act_low, spec.act_high
+        grouped = cfg.group_size > 0
+        rollout_done = np.zeros(N, bool)  # group mode: the column's first episode has ended
         for t in range(T):
             obs_buf[t] = obs
             with torch.no_grad():
@@ -155,11 +159,20 @@ class Actor:
                             raise NonFiniteEnvError("final observation", t, [int(i)])
                         final_idx.append(t * N + int(i))
                         final_obs.append(f)
-                    ep_returns.append(float(self._ep_return[i]))
-                    ep_lengths.append(int(self._ep_len[i]))
+                    if not (grouped and rollout_done[i]):
+                        ep_returns.append(float(self._ep_return[i]))
+                        ep_lengths.append(int(self._ep_len[i]))
                     self._ep_return[i] = 0.0
                     self._ep_len[i] = 0
             obs = nobs
+            if grouped:
+                rollout_done |= done
+                if rollout_done.all() and t + 1 < T:
+                    # every rollout is complete: the remaining steps would be masked out anyway
+                    T = t + 1
+                    obs_buf, act_buf, rew_buf = obs_buf[:T], act_buf[:T], rew_buf[:T]
+                    term_buf, trunc_buf, logp_buf = term_buf[:T], trunc_buf[:T], logp_buf[:T]
+                    break
         self._obs = obs
         self.steps += T * N
         group_ids = None

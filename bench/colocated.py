@@ -86,10 +86,18 @@ def main() -> None:
         rollout = peer_loop(cfg, train=False)
         peer = peer_loop(cfg, train=True)
         metrics = Metrics(role="colocated")
+        in_loop: list[float] = []
+        observe = metrics.observe_policy_latency
+
+        def record(seconds: float) -> None:
+            in_loop.append(seconds)
+            observe(seconds)
+
+        metrics.observe_policy_latency = record
         t0 = time.perf_counter()
         summary = run_colocated(cfg, metrics=metrics)
         elapsed = time.perf_counter() - t0
-    lat = metrics_quantiles(metrics)
+    lat = {"in_training_loop": quantiles_ms(in_loop), "probe_threaded": latency_probe(cfg)}
     ours = summary["steps"] / elapsed
     out = {
         "bench": "colocated",
@@ -110,28 +118,46 @@ def main() -> None:
     print(json.dumps(out, indent=2))
 
 
-def metrics_quantiles(metrics: Metrics) -> dict:
-    """p50/p99 of the policy-latency histogram, read off its cumulative buckets."""
-    text = metrics.render().decode()
-    buckets = []
-    count = 0.0
-    for line in text.splitlines():
-        if line.startswith("rlstream_policy_latency_seconds_bucket"):
-            le = line.split('le="')[1].split('"')[0]
-            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
-        elif line.startswith("rlstream_policy_latency_seconds_count"):
-            count = float(line.rsplit(" ", 1)[1])
-    if not count:
+def quantiles_ms(xs: list[float]) -> dict:
+    if not xs:
         return {"count": 0}
+    a = np.asarray(xs) * 1e3
+    return {"count": len(xs), "p50": round(float(np.percentile(a, 50)), 3),
+            "p99": round(float(np.percentile(a, 99)), 3), "max": round(float(a.max()), 3)}
 
-    def q(p: float) -> float:
-        for le, c in buckets:
-            if c >= p * count:
-                return le * 1e3
-        return float("inf")
 
-    return {"count": int(count), "p50_le": q(0.5), "p99_le": q(0.99),
-            "note": "upper bucket bounds of the Prometheus histogram"}
+def latency_probe(cfg: TrainConfig, n: int = 300) -> dict:
+    """Learner publish -> actor adoption with the actor's subscriber blocked in poll on another
+    thread (the threaded co-located layout): bus + Avro codec + safetensors decode + load."""
+    import threading
+
+    from actor.policy_client import PolicySubscriber
+    from learner.learner import Learner, LearnerConfig
+
+    bus = wiring.build_bus(cfg.bus)
+    events = wiring.build_events(bus, None)
+    info = wiring.env_info(cfg)
+    learner = Learner(LearnerConfig(), wiring.build_algo(cfg, info.obs_dim, info.act_dim), events)
+    learner.start(resume=False)
+    got: list[float] = []
+    sub = PolicySubscriber(events, "policy", "probe", on_latency=got.append)
+    stop = threading.Event()
+
+    def follow() -> None:
+        while not stop.is_set():
+            sub.poll(0.5)
+
+    t = threading.Thread(target=follow, daemon=True)
+    t.start()
+    for _ in range(n):
+        before = len(got)
+        learner._publish(parent=learner.version)
+        deadline = time.monotonic() + 2
+        while len(got) == before and time.monotonic() < deadline:
+            time.sleep(0.0005)
+    stop.set()
+    t.join()
+    return quantiles_ms(got[1:])
 
 
 if __name__ == "__main__":

@@ -33,38 +33,66 @@ def dense_final_obs(p: PreparedBatch) -> np.ndarray:
     return out
 
 
+def _padded(b: PreparedBatch, T: int) -> dict[str, np.ndarray]:
+    """The [T_b, N] arrays of fragment ``b``, zero-padded in time to ``T`` steps.
+
+    A column that did not end its episode at the fragment's last step is marked truncated there,
+    with ``last_obs`` as its true next observation, so bootstrapping algorithms cut it exactly as
+    they would at a batch boundary; the padding itself is excluded by the ``mask``."""
+    s = b.sample
+    Tb, N = s.num_steps, s.num_envs
+    ones = np.ones((Tb, N), np.float32)
+    cols = {
+        "obs": s.obs, "actions": s.actions, "rewards": s.rewards, "terminated": s.terminated,
+        "truncated": s.truncated, "behaviour_logp": s.behaviour_logp, "next_obs_final": dense_final_obs(b),
+        "is_rho": b.is_rho, "is_c": b.is_c, "staleness_versions": ones * b.staleness_versions,
+        "staleness_ms": ones * b.staleness_ms, "sample_weight": ones * b.sample_weight,
+        "mask": np.ones((Tb, N), bool),
+    }
+    if Tb == T:
+        return cols
+    out = {}
+    for k, v in cols.items():
+        pad = np.zeros((T,) + v.shape[1:], v.dtype)
+        pad[:Tb] = v
+        out[k] = pad
+    cut = ~(s.terminated[-1] | s.truncated[-1])
+    out["truncated"][Tb - 1] |= cut
+    out["next_obs_final"][Tb - 1, cut] = s.last_obs[cut]
+    return out
+
+
 def to_trajectory_batch(batches: list[PreparedBatch], stream_ids: StreamIds) -> TrajectoryBatch:
-    """Concatenate fragments of equal length T along the env axis."""
+    """Concatenate fragments along the env axis.
+
+    Fragments of different lengths (group mode ends a fragment once all its rollouts are done)
+    are zero-padded to the longest and the batch gets a ``mask`` of the real steps; fragments of
+    equal length give ``mask=None``. Group ids are renumbered per fragment, so groups of
+    different actors (or fragments) never merge."""
     if not batches:
         raise ValueError("no batches")
-    T = batches[0].sample.num_steps
-    if any(b.sample.num_steps != T for b in batches):
-        raise ValueError("fragments of different lengths cannot share one TrajectoryBatch")
+    T = max(b.sample.num_steps for b in batches)
+    ragged = any(b.sample.num_steps != T for b in batches)
+    parts = [_padded(b, T) for b in batches]
 
-    def cat(get) -> np.ndarray:
-        parts = [get(b) for b in batches]
-        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
-
-    def per_col(b: PreparedBatch, value: float) -> np.ndarray:
-        return np.full((T, b.sample.num_envs), value, np.float32)
+    def cat(key: str) -> np.ndarray:
+        xs = [p[key] for p in parts]
+        return xs[0] if len(xs) == 1 else np.concatenate(xs, axis=1)
 
     group = None
     if all(b.sample.group_ids is not None for b in batches):
-        group = np.concatenate([b.sample.group_ids for b in batches])
+        ids, offset = [], 0
+        for b in batches:
+            _, local = np.unique(b.sample.group_ids, return_inverse=True)
+            ids.append(local.astype(np.int64) + offset)
+            offset += int(local.max()) + 1 if local.size else 0
+        group = np.concatenate(ids)
+    names = ("obs", "actions", "rewards", "terminated", "truncated", "behaviour_logp", "next_obs_final",
+             "is_rho", "is_c", "staleness_versions", "staleness_ms", "sample_weight")
     return TrajectoryBatch.from_numpy(
-        obs=cat(lambda b: b.sample.obs),
-        actions=cat(lambda b: b.sample.actions),
-        rewards=cat(lambda b: b.sample.rewards),
-        terminated=cat(lambda b: b.sample.terminated),
-        truncated=cat(lambda b: b.sample.truncated),
-        behaviour_logp=cat(lambda b: b.sample.behaviour_logp),
+        **{k: cat(k) for k in names},
         last_obs=np.concatenate([b.sample.last_obs for b in batches], axis=0),
-        next_obs_final=cat(dense_final_obs),
-        is_rho=cat(lambda b: b.is_rho),
-        is_c=cat(lambda b: b.is_c),
-        staleness_versions=cat(lambda b: per_col(b, b.staleness_versions)),
-        staleness_ms=cat(lambda b: per_col(b, b.staleness_ms)),
-        sample_weight=cat(lambda b: per_col(b, b.sample_weight)),
+        mask=cat("mask") if ragged else None,
         group_id=group,
         stream_ids=np.concatenate([stream_ids.ids(b.sample.actor_id, b.sample.num_envs) for b in batches]),
     )

@@ -199,8 +199,11 @@ class Learner:
                 self.consumer.dead_letter(rec, "duplicate", "DuplicateBatch", f"batch_id {bid} already trained")
                 self._offsets[(rec.topic, rec.partition)] = rec.offset + 1
                 continue
-            if self._buffer and pb.sample.num_steps != self._buffer[0][1].sample.num_steps:
-                metrics = self._train()  # fragment length changed: train on what is in first
+            if self._buffer and pb.sample.num_steps != self._buffer[0][1].sample.num_steps and \
+                    (pb.sample.group_ids is None or self._buffer[0][1].sample.group_ids is None):
+                # fragment length changed: train on what is in first (group-mode fragments, one
+                # rollout per column, vary in length by design and are padded and masked instead)
+                metrics = self._train()
                 self._buffer.append((rec, pb))
                 self._buffered += pb.sample.size
                 return metrics
