@@ -1,8 +1,13 @@
 """The actor: steps vector envs with the newest policy and publishes SampleBatch events.
 
-    actor = Actor(config, env, subscriber, events)
+    actor = Actor(config, subscriber, events, flow=flow)
     while not stop.is_set():
         actor.step()          # adopt a newer policy if one arrived, collect, publish
+
+``flow`` (``actor.flow``; decoupled mode) decides when the next fragment may be collected and
+how long it is: on-policy algorithms wait for a newer version after their share of a learner
+batch, off-policy ones pause while the stream processors' backlog is high. ``step`` returns
+None while held back, after waiting up to ``flow.poll_s`` for a version (or room).
 
 Each SampleBatch is collected with ONE behaviour policy version (it is swapped only between
 fragments), tagged with that version, the sampled (unclipped) actions and their log-probs, and
@@ -20,6 +25,7 @@ import numpy as np
 import torch
 
 from actor.envs import NonFiniteEnvError, make_vector_env, spec_of
+from actor.flow import Flow
 from actor.policy_client import PolicySubscriber
 from schemas.events import SampleBatch, new_id, now_ms
 from streams.events import EventBus
@@ -53,8 +59,9 @@ class Actor:
     def __init__(self, config: ActorConfig, subscriber: PolicySubscriber, events: EventBus,
                  on_batch: Callable[[SampleBatch, float], None] | None = None,
                  on_reject: Callable[[NonFiniteEnvError], None] | None = None,
-                 env=None) -> None:
+                 env=None, flow: Flow | None = None) -> None:
         self.config = config
+        self.flow = flow
         self.subscriber = subscriber
         self.events = events
         self.on_batch = on_batch
@@ -86,13 +93,20 @@ class Actor:
         return np.asarray(obs, dtype=np.float32)
 
     def step(self, policy_timeout: float = 0.0) -> SampleBatch | None:
-        """Adopt a newer policy if any, collect one fragment and publish it."""
+        """Adopt a newer policy if any, collect one fragment and publish it (None: no policy
+        yet, or the flow holds the actor back)."""
         self.subscriber.poll(policy_timeout)
         if self.subscriber.policy is None:
             return None
+        flow = self.flow
+        if flow is not None and not flow.allow(self.subscriber.version):
+            self.subscriber.poll(flow.poll_s)  # a newer version ends the wait at once
+            if not flow.allow(self.subscriber.version):
+                return None
+        steps = flow.fragment_steps(self.fragment_steps) if flow is not None else self.fragment_steps
         t0 = time.perf_counter()
         try:
-            batch = self.collect(self.fragment_steps)
+            batch = self.collect(steps)
         except NonFiniteEnvError as e:
             self.rejected += 1
             self._consecutive_rejects += 1
@@ -108,6 +122,8 @@ class Actor:
         self._consecutive_rejects = 0
         self.events.publish(SAMPLES_RAW, batch, key=self.config.actor_id)
         self.seq += 1
+        if flow is not None:
+            flow.on_published(batch.num_steps, batch.policy_version)
         if self.on_batch is not None:
             self.on_batch(batch, time.perf_counter() - t0)
         return batch

@@ -43,7 +43,7 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import Tensor
 
-from agents.base import BaseAlgorithm, accumulate, PolicyConfig, episode_mask, explained_variance, masked_mean, minibatch_indices
+from agents.base import BaseAlgorithm, accumulate, PolicyConfig, explained_variance, masked_mean, minibatch_indices, rollout_mask
 from agents.core import TrajectoryBatch
 from agents.grpo import group_stats, rollout_returns
 from agents.normalization import RewardScaler
@@ -170,8 +170,8 @@ class AGRO(BaseAlgorithm):
         if cfg.ref_update_interval > 0 and self.step % cfg.ref_update_interval == 0:
             self.sync_reference()
         mask = batch.mask
-        if mask is None and cfg.baseline == "group":
-            mask = episode_mask(batch.terminated, batch.truncated)
+        if cfg.baseline == "group":
+            mask = rollout_mask(batch.terminated, batch.truncated, mask)
         adv, ret, old_values, metrics = self._advantages(batch, mask)
         metrics["adv_std_raw"] = float(torch.sqrt(masked_mean((adv - masked_mean(adv, mask)).pow(2), mask)))
         if cfg.norm_adv:

@@ -21,6 +21,7 @@ __all__ = [
     "BaseAlgorithm",
     "build_policy",
     "episode_mask",
+    "rollout_mask",
     "masked_mean",
     "explained_variance",
     "frozen_copy",
@@ -82,6 +83,15 @@ def episode_mask(terminated: Tensor, truncated: Tensor) -> Tensor:
     done = (terminated | truncated).to(torch.int64)
     ended_before = torch.cumsum(done, dim=0) - done
     return ended_before == 0
+
+
+def rollout_mask(terminated: Tensor, truncated: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+    """``episode_mask`` restricted to the valid steps ``mask`` (padding excluded) when given.
+
+    The valid steps of a column-as-rollout batch (GRPO/DAPO/TB, AGRO's group baseline).
+    """
+    first = episode_mask(terminated, truncated)
+    return first if mask is None else first & mask
 
 
 def masked_mean(x: Tensor, mask: Optional[Tensor] = None, weight: Optional[Tensor] = None) -> Tensor:

@@ -113,8 +113,8 @@ class TrajectoryBatch:
     sample_weight: Optional[Tensor] = None
     """``[T, N]`` float32 extra per-sample loss weights (e.g. from the staleness processor); None means ones."""
     mask: Optional[Tensor] = None
-    """``[T, N]`` bool valid-step mask (False = padding). None: every step is valid for PPO/AGRO/TBA;
-    group algorithms (GRPO/DAPO/TB) then derive it as "up to and including the first episode end"."""
+    """``[T, N]`` bool valid-step mask (False = padding). None: every step is valid. Group algorithms
+    (GRPO/DAPO/TB) further keep only each column's steps up to and including its first episode end."""
     stream_ids: Optional[Tensor] = None
     """``[N]`` int64 stable ids of the env instances behind the columns (e.g. ``actor_idx * num_envs + env_idx``),
     so the learner's reward scaler continues the right running return across batches. None: column index."""

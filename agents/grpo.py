@@ -1,8 +1,8 @@
 """GRPO: group-relative policy optimisation, for continuous control.
 
 A *group* is G rollouts (columns of the batch sharing ``group_id``) started from
-the same state. Each column is one rollout: its valid steps are ``batch.mask``
-or, by default, the steps up to and including its first episode end. With
+the same state. Each column is one rollout: its valid steps are the steps up to
+and including its first episode end (within ``batch.mask``, which excludes padding). With
 ``R_i`` the (optionally discounted) return of rollout ``i``::
 
     A_i = (R_i - mean_{j in g(i)} R_j) / (std_{j in g(i)} R_j + eps)
@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from agents.base import BaseAlgorithm, accumulate, PolicyConfig, episode_mask, masked_mean, minibatch_indices
+from agents.base import BaseAlgorithm, accumulate, PolicyConfig, masked_mean, minibatch_indices, rollout_mask
 from agents.core import TrajectoryBatch
 from agents.ppo.losses import clipped_surrogate, ratio_stats
 
@@ -169,7 +169,7 @@ class GRPO(BaseAlgorithm):
         batch = batch.to(self.device)
         if cfg.ref_update_interval > 0 and self.step > 0 and self.step % cfg.ref_update_interval == 0:
             self.sync_reference()
-        mask = batch.mask if batch.mask is not None else episode_mask(batch.terminated, batch.truncated)
+        mask = rollout_mask(batch.terminated, batch.truncated, batch.mask)
         adv_col, keep, metrics = self._column_advantages(batch, mask)
         cols = keep.nonzero().squeeze(-1)
         metrics["columns_used"] = float(cols.numel())

@@ -53,7 +53,7 @@ import torch
 from torch import Tensor, nn
 
 from agents.agro import AGRO, AGROConfig
-from agents.base import accumulate, episode_mask, masked_mean, minibatch_indices
+from agents.base import accumulate, masked_mean, minibatch_indices, rollout_mask
 from agents.core import TrajectoryBatch
 from agents.grpo import group_stats, rollout_returns
 
@@ -203,7 +203,7 @@ class TBA(AGRO):
         batch = batch.to(self.device)
         if cfg.ref_update_interval > 0 and self.step % cfg.ref_update_interval == 0:
             self.sync_reference()
-        mask = batch.mask if batch.mask is not None else episode_mask(batch.terminated, batch.truncated)
+        mask = rollout_mask(batch.terminated, batch.truncated, batch.mask)
         m = mask.to(torch.float32)
         R = rollout_returns(batch.rewards, mask, 1.0)
         w_step = self._sample_weights(batch)

@@ -28,7 +28,7 @@ from learner.batching import StreamIds, to_trajectory_batch
 from rlstream.policies import BlobStore, arch_of, load_into, make_policy_version
 from schemas.errors import CodecError
 from schemas.events import GradientStep, PolicyVersion, PreparedBatch, now_ms
-from streams.bus.base import Record
+from streams.bus.base import BusError, Record
 from streams.events import EventBus
 from streams.topics import LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_PREPARED
 
@@ -62,6 +62,7 @@ class LearnerStats:
     samples_trained: int = 0
     duplicates_skipped: int = 0
     paused_polls: int = 0
+    lag_signal_errors: int = 0
     adopted_versions: int = 0
     last_metrics: dict[str, float] = field(default_factory=dict)
 
@@ -187,7 +188,10 @@ class Learner:
         if self._versions is not None:
             self._follow_foreign_versions()
         if self.breaker is not None and self.lag_signal is not None:
-            self.breaker.update(self.lag_signal())
+            try:
+                self.breaker.update(self.lag_signal())
+            except BusError:  # broker unreachable: the lag is unknown, the breaker stays as it is
+                self.stats.lag_signal_errors += 1
             if not self.breaker.allow():
                 self.stats.paused_polls += 1
                 time.sleep(min(timeout, 0.05))

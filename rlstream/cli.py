@@ -44,10 +44,12 @@ def _add_training(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", dest="env_id", default="HalfCheetah-v5")
     p.add_argument("--total-steps", type=int, default=100_000)
     p.add_argument("--num-actors", type=int, default=1)
-    p.add_argument("--num-envs", type=int, default=None, help="envs per actor (default 1; GRPO/DAPO: 8)")
-    p.add_argument("--fragment-steps", type=int, default=None)
-    p.add_argument("--train-batch-size", type=int, default=2048)
-    p.add_argument("--group-size", type=int, default=0)
+    p.add_argument("--num-envs", type=int, default=None,
+                   help="envs per actor (default: per algorithm, rlstream.config.ALGO_DEFAULTS)")
+    p.add_argument("--fragment-steps", type=int, default=None,
+                   help="steps per env per batch (default: train batch / envs; group mode: the episode horizon)")
+    p.add_argument("--train-batch-size", type=int, default=None, help="transitions per update (default: per algorithm)")
+    p.add_argument("--group-size", type=int, default=None, help="envs per start-state group, 0: none (default: per algorithm)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="algorithm config override")
     p.add_argument("--run-dir", type=Path, default=None,
@@ -60,6 +62,16 @@ def _add_training(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-versions", type=int, default=None, help="staleness window K")
     p.add_argument("--max-ms", type=int, default=None, help="staleness window T (ms)")
     p.add_argument("--log-every", type=float, default=5.0)
+    p.add_argument("--policy-id", default="policy", help="the policy trained (and followed by actors/processors)")
+    p.add_argument("--max-batches-per-version", type=int, default=None,
+                   help="decoupled on-policy actors: fragments per policy version before waiting for a "
+                        "newer one (default: the actor's share of one learner batch)")
+    p.add_argument("--policy-wait", type=float, default=20.0,
+                   help="decoupled on-policy actors: most seconds to wait for a newer version")
+    p.add_argument("--max-backlog", type=int, default=64,
+                   help="decoupled off-policy actors: pause above this stream-processor backlog (records)")
+    p.add_argument("--fixed-fragments", action="store_true",
+                   help="decoupled off-policy actors: no dynamic fragment length")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,7 +150,6 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
     from rlstream.config import BusConfig, TrainConfig
     from streams.processors.pipeline import PrepareConfig
 
-    num_envs = a.num_envs if a.num_envs is not None else (8 if a.algo in ("grpo", "dapo") else 1)
     run_id = a.run_id or uuid.uuid4().hex[:12]
     mode = getattr(a, "mode", "decoupled")
     run_dir = resolve_run_dir(a.run_dir, run_id, a.resume) if mode == "colocated" else (
@@ -161,12 +172,14 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
         streams_overrides["max_ms"] = a.max_ms
     return TrainConfig(
         mode=mode, algo=a.algo, env_id=a.env_id, total_steps=a.total_steps,
-        num_actors=a.num_actors, num_envs=num_envs, fragment_steps=a.fragment_steps,
+        num_actors=a.num_actors, num_envs=a.num_envs, fragment_steps=a.fragment_steps,
         train_batch_size=a.train_batch_size, seed=a.seed, group_size=a.group_size,
         algo_overrides=_kv(a.set), run_dir=run_dir, run_id=run_id, snapshot_store=a.snapshot_store,
         snapshot_every=a.snapshot_every, resume=a.resume, plot=a.plot, metrics_port=a.metrics_port,
         log_every_s=a.log_every, device=a.device,
-        streams=PrepareConfig.for_algo(a.algo, **streams_overrides), bus=bus,
+        streams=PrepareConfig.for_algo(a.algo, policy_id=a.policy_id, **streams_overrides), bus=bus,
+        policy_id=a.policy_id, max_batches_per_version=a.max_batches_per_version, policy_wait_s=a.policy_wait,
+        max_backlog=a.max_backlog, dynamic_fragments=not a.fixed_fragments,
     )
 
 
@@ -263,7 +276,6 @@ def _tool_bus(a: argparse.Namespace):
 
 
 def cmd_subscribe(a: argparse.Namespace) -> int:
-    from rlstream.config import BusConfig
     from rlstream.subscribe import follow
 
     bus = _tool_bus(a)
@@ -274,7 +286,6 @@ def cmd_subscribe(a: argparse.Namespace) -> int:
 
 
 def cmd_replay(a: argparse.Namespace) -> int:
-    from rlstream.config import BusConfig
     from rlstream.replay import run_replay
 
     bus = _tool_bus(a)
@@ -285,7 +296,6 @@ def cmd_replay(a: argparse.Namespace) -> int:
 
 
 def cmd_rollback(a: argparse.Namespace) -> int:
-    from rlstream.config import BusConfig
     from rlstream.rollback import RollbackError, rollback
 
     bus = _tool_bus(a)
@@ -300,7 +310,6 @@ def cmd_rollback(a: argparse.Namespace) -> int:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
-    from rlstream.config import BusConfig
     from rlstream.serve import serve
 
     bus = _tool_bus(a)

@@ -12,15 +12,24 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 from rlstream import wiring
 from rlstream.config import TrainConfig
 from rlstream.obs.metrics import Metrics
-from rlstream.obs.ports import ENV_KAFKA_BROKERS, ENV_METRICS_PORT
+from rlstream.obs.ports import (
+    ENV_ALGO,
+    ENV_KAFKA_BROKERS,
+    ENV_METRICS_PORT,
+    ENV_POLICY_ID,
+    ENV_STALENESS_K,
+    ENV_STALENESS_MODE,
+    ENV_STALENESS_MS,
+)
 from rlstream.progress import Progress
-from streams.topics import SAMPLES_RAW
+from streams.topics import SAMPLES_RAW, STREAMS_GROUP
 
 
 def _consumer_lag_gauge(metrics: Metrics, bus, group: str, topic: str):
@@ -31,36 +40,54 @@ def _consumer_lag_gauge(metrics: Metrics, bus, group: str, topic: str):
     return lag
 
 
+def quantiles_ms(values, qs=(0.5, 0.9, 0.99)) -> dict[str, Any]:
+    """Exact quantiles (ms) of latencies in seconds, for summaries and benchmarks."""
+    xs = sorted(values)
+    if not xs:
+        return {"count": 0}
+    out: dict[str, Any] = {"count": len(xs)}
+    for q in qs:
+        out[f"p{round(q * 100)}"] = round(xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3, 3)
+    out["max"] = round(xs[-1] * 1e3, 3)
+    return out
+
+
 def run_actor(cfg: TrainConfig, index: int, log: Any = None, stop: threading.Event | None = None,
               metrics: Metrics | None = None, health: Any = None) -> dict[str, Any]:
+    """Collect and publish fragments until ``stop``, under the algorithm's flow control
+    (``wiring.build_flow``): the loop heartbeats while it waits for a policy version or room."""
     stop = stop or threading.Event()
     metrics = metrics or Metrics(role="actor")
     bus = wiring.build_bus(cfg.bus)
     events = wiring.build_events(bus, metrics)
     progress = Progress(total_steps=cfg.total_steps, log_every_s=cfg.log_every_s, log=log)
+    latencies: deque[float] = deque(maxlen=100_000)
 
     def on_batch(batch, seconds: float) -> None:
         progress.on_batch(batch.size, batch.episode_returns, 0)
         progress.version = batch.policy_version
-        if health is not None:
-            health.heartbeat("loop")
 
-    actor = wiring.build_actor(cfg, events, metrics, index, on_batch=on_batch, log=log)
+    flow = wiring.build_flow(cfg, bus, metrics, log)
+    actor = wiring.build_actor(cfg, events, metrics, index, on_batch=on_batch, log=log, flow=flow,
+                               on_latency=latencies.append)
     if health is not None:
         health.register("policy", lambda: (actor.subscriber.policy is not None,
                                            {"version": actor.subscriber.version}))
     try:
         while not stop.is_set():
-            if actor.step(policy_timeout=0.5 if actor.subscriber.policy is None else 0.0) is None:
-                continue
-            bus.flush()
+            batch = actor.step(policy_timeout=0.5 if actor.subscriber.policy is None else 0.0)
+            if health is not None:
+                health.heartbeat("loop")  # waiting for a version or for room is alive, too
+            if batch is not None:
+                bus.flush()
             progress.maybe_log()
     finally:
         actor.close()
         bus.flush()
         bus.close()
     return {"role": "actor", "actor_id": actor.config.actor_id, "steps": progress.steps, "seq": actor.seq,
-            "rejected_fragments": actor.rejected, "policy_versions_adopted": actor.subscriber.adopted}
+            "rejected_fragments": actor.rejected, "policy_versions_adopted": actor.subscriber.adopted,
+            "flow": flow.stats(), "policy_latency_ms": quantiles_ms(latencies)}
 
 
 def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None = None,
@@ -76,7 +103,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
     progress = Progress(total_steps=cfg.total_steps, log_every_s=cfg.log_every_s, log=log)
     breaker = CircuitBreaker(open_above=cfg.breaker_open_above, close_below=cfg.breaker_close_below,
                              min_open_s=1.0, on_change=metrics.circuit_breaker_hook())
-    lag = _consumer_lag_gauge(metrics, bus, "rlstream-streams", SAMPLES_RAW)
+    lag = _consumer_lag_gauge(metrics, bus, STREAMS_GROUP, SAMPLES_RAW)
 
     def on_update(learner, m, seconds) -> None:
         progress.updates = learner.stats.updates
@@ -88,6 +115,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
     learner = wiring.build_learner(cfg, events, metrics, algo, on_update=on_update, breaker=breaker,
                                    lag_signal=lag)
     learner.start(resume=cfg.resume)
+    started = time.perf_counter()
     max_updates = max(1, cfg.total_steps // cfg.train_batch_size)
     try:
         while not stop.is_set() and learner.stats.updates < max_updates:
@@ -101,6 +129,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
         bus.flush()
         bus.close()
     return {"role": "learner", "updates": learner.stats.updates, "final_version": learner.version,
+            "policy_id": cfg.policy_id, "wall_s": round(time.perf_counter() - started, 3),
             "samples_trained": learner.stats.samples_trained,
             "duplicates_skipped": learner.stats.duplicates_skipped,
             "breaker_trips": breaker.trips,
@@ -110,11 +139,17 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
 def _role_cmd(role: str, cfg: TrainConfig, extra: list[str]) -> list[str]:
     base = [sys.executable, "-m", "rlstream.cli", role, "--bus", "kafka", "--bootstrap", cfg.bus.bootstrap,
             "--algo", cfg.algo, "--env", cfg.env_id, "--total-steps", str(cfg.total_steps),
-            "--num-envs", str(cfg.num_envs), "--train-batch-size", str(cfg.train_batch_size),
+            "--num-envs", str(cfg.num_envs), "--num-actors", str(cfg.num_actors),
+            "--train-batch-size", str(cfg.train_batch_size), "--policy-id", cfg.policy_id,
+            "--policy-wait", str(cfg.policy_wait_s), "--max-backlog", str(cfg.max_backlog),
             "--seed", str(cfg.seed), "--run-dir", str(cfg.run_dir), "--log-every", str(cfg.log_every_s),
             "--run-id", cfg.effective_run_id(), "--metrics-port", "-1", "--log-json"]
     if cfg.fragment_steps:
         base += ["--fragment-steps", str(cfg.fragment_steps)]
+    if cfg.max_batches_per_version:
+        base += ["--max-batches-per-version", str(cfg.max_batches_per_version)]
+    if not cfg.dynamic_fragments:
+        base += ["--fixed-fragments"]
     for k, v in cfg.algo_overrides.items():
         base += ["--set", f"{k}={json.dumps(v)}"]
     return base + extra
@@ -140,8 +175,8 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     bus = wiring.build_bus(cfg.bus)  # create the topics before anyone subscribes
     bus.close()
     spawn("learner", _role_cmd("learner", cfg, []))
-    spawn("streams", [sys.executable, "-m", "faust", "-A", "streams", "worker", "-l", "warn",
-                      "--without-web"])
+    spawn("streams", [sys.executable, "-m", "faust", "-A", "streams", "--datadir", str(cfg.run_dir / "streams-data"),
+                      "worker", "-l", "warn", "--without-web"])
     for i in range(cfg.num_actors):
         spawn(f"actor-{i}", _role_cmd("actor", cfg, ["--index", str(i)]))
     if log is not None:
@@ -182,8 +217,6 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
 def streams_env(cfg: TrainConfig) -> dict[str, str]:
     """Settings the Faust worker reads (it is started by faust's own CLI, so they go by env)."""
     p = cfg.prepare_config()
-    out = {"RLSTREAM_ALGO": cfg.algo, "RLSTREAM_STALENESS_K": str(p.max_versions),
-           "RLSTREAM_STALENESS_MODE": p.staleness_mode}
-    if p.max_ms is not None:
-        out["RLSTREAM_STALENESS_MS"] = str(p.max_ms)
+    out = {ENV_ALGO: cfg.algo, ENV_STALENESS_K: str(p.max_versions), ENV_STALENESS_MODE: p.staleness_mode,
+           ENV_STALENESS_MS: "none" if p.max_ms is None else str(p.max_ms), ENV_POLICY_ID: cfg.policy_id}
     return out

@@ -19,10 +19,7 @@ from schemas.codec import Codec, SchemaTopic
 from schemas.events import SampleBatch
 from streams.bus import Bus, make_bus
 from streams.events import EventBus
-from streams.topics import SCHEMAS, all_topics
-
-# Per-algorithm defaults for group-based algorithms (rollouts per start state).
-GROUP_DEFAULTS = {"grpo": 8, "dapo": 8}
+from streams.topics import SAMPLES_RAW, SCHEMAS, STREAMS_GROUP, all_topics
 
 
 def build_bus(cfg: BusConfig) -> Bus:
@@ -61,14 +58,53 @@ def build_algo(cfg: TrainConfig, obs_dim: int, act_dim: int):
 
 
 def group_size(cfg: TrainConfig) -> int:
-    return cfg.group_size or GROUP_DEFAULTS.get(cfg.algo, 0)
+    """Envs per start-state group (0: none); the per-algorithm default is ``config.ALGO_DEFAULTS``."""
+    return cfg.group_size or 0
+
+
+def is_on_policy(algo: str) -> bool:
+    """Whether ``algo`` assumes fresh data (``agents.registry.ALGORITHMS``' ``is_on_policy``)."""
+    from agents.registry import ALGORITHMS
+
+    return bool(ALGORITHMS[algo.lower()][1].is_on_policy)
+
+
+def build_flow(cfg: TrainConfig, bus: Bus, metrics: Metrics | None, log=None):
+    """The flow control of a decoupled actor (``actor.flow``): on-policy algorithms wait for a
+    newer version after their share of a learner batch; off-policy ones free-run under
+    backpressure from the stream processors' backlog, with a dynamic fragment length unless
+    ``fragment_steps`` is fixed."""
+    from actor.flow import Backpressure, OnPolicySync
+
+    if is_on_policy(cfg.algo):
+        def on_timeout(version: int, waited: float) -> None:
+            if log is not None:
+                log.warning("policy_wait_timeout", version=version, waited_s=round(waited, 2),
+                            note="no newer policy version; sending one more fragment under this one")
+
+        return OnPolicySync(cfg.batches_per_version(), cfg.policy_wait_s, on_timeout=on_timeout)
+
+    def backlog() -> float:
+        return float(bus.group_lag(STREAMS_GROUP, SAMPLES_RAW))
+
+    sizes = None
+    if cfg.dynamic_fragments and not cfg.fragment_steps:
+        from learner.batch_size import BatchSizeController
+
+        sizes = BatchSizeController()
+    on_size = metrics.set_batch_size if metrics is not None else None
+    return Backpressure(backlog, max_backlog=cfg.max_backlog, sizes=sizes, on_size=on_size)
 
 
 def build_actor(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, index: int,
-                on_batch=None, log=None) -> Actor:
+                on_batch=None, log=None, flow=None, on_latency=None) -> Actor:
+    extra_latency = on_latency
+
     def on_latency(s: float) -> None:
         if metrics is not None:
             metrics.observe_policy_latency(s)
+        if extra_latency is not None:
+            extra_latency(s)
 
     def on_reject(e: NonFiniteEnvError) -> None:
         if metrics is not None:
@@ -83,7 +119,7 @@ def build_actor(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, ind
             on_batch(batch, seconds)
 
     blob = RedisBlobStore(cfg.redis()) if cfg.redis() else None
-    sub = PolicySubscriber(events, policy_id="policy", stage=f"actor-{index}", on_latency=on_latency,
+    sub = PolicySubscriber(events, policy_id=cfg.policy_id, stage=f"actor-{index}", on_latency=on_latency,
                            blob_store=blob)
     g = group_size(cfg)
     num_envs = cfg.num_envs
@@ -92,7 +128,7 @@ def build_actor(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, ind
     acfg = ActorConfig(actor_id=f"actor-{index}", env_id=cfg.env_id, num_envs=num_envs,
                        fragment_steps=cfg.effective_fragment_steps(), seed=cfg.seed * 7919 + index,
                        group_size=g)
-    return Actor(acfg, sub, events, on_batch=batch_hook, on_reject=on_reject)
+    return Actor(acfg, sub, events, on_batch=batch_hook, on_reject=on_reject, flow=flow)
 
 
 def build_prepare_worker(cfg: TrainConfig, events: EventBus, metrics: Metrics | None):
@@ -122,7 +158,7 @@ def build_learner(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, a
 
     blob = RedisBlobStore(cfg.redis()) if cfg.redis() else None
     lcfg = LearnerConfig(algo=cfg.algo, train_batch_size=cfg.train_batch_size, snapshot_every=cfg.snapshot_every,
-                         env_id=cfg.env_id)
+                         env_id=cfg.env_id, policy_id=cfg.policy_id)
     return Learner(lcfg, algo, events, snapshots=store, breaker=breaker, lag_signal=lag_signal,
                    on_update=update_hook, blob_store=blob)
 
@@ -141,4 +177,5 @@ def env_info(cfg: TrainConfig) -> EnvInfo:
 def describe(cfg: TrainConfig) -> dict[str, Any]:
     return {"mode": cfg.mode, "algo": cfg.algo, "env": cfg.env_id, "total_steps": cfg.total_steps,
             "num_actors": cfg.num_actors, "num_envs": cfg.num_envs,
-            "fragment_steps": cfg.effective_fragment_steps(), "train_batch_size": cfg.train_batch_size}
+            "fragment_steps": cfg.effective_fragment_steps(), "train_batch_size": cfg.train_batch_size,
+            "group_size": group_size(cfg)}

@@ -3,10 +3,14 @@
 The same ``Prepare`` (reorder -> staleness -> importance) as the in-process ``PrepareWorker``,
 driven by Faust over Kafka:
 
-* agent ``follow-policies`` on ``rl.policy.versions`` feeds ``prepare.on_policy``. The topic is
-  consumed without acks (never committed), so a restarted worker replays the versions and
-  knows the latest policy again before it matters; weights are decoded lazily, only for the
-  version a batch needs.
+* task ``follow-policies`` reads ``rl.policy.versions`` with a group-less aiokafka consumer
+  (every worker sees every version: the staleness window and the IS weights need the newest
+  one everywhere) starting ``max_versions + 1`` records back from the end of each partition
+  (what the staleness window needs; a start does not replay the whole history), and feeds
+  ``prepare.on_policy`` -- only versions of ``prepare.policy_id`` count. Until it has read up
+  to the end offsets it found on start (at most ``policy_catchup_s``), ``prepare-samples``
+  waits, so no batch is judged against a policy older than the newest published. Weights are
+  decoded lazily, only for the version a batch needs.
 * agent ``prepare-samples`` on ``rl.samples.raw`` pushes each record through ``Prepare`` and
   sends PreparedBatch bytes to ``rl.samples.prepared`` (key actor_id) and DeadLetter bytes to
   ``rl.deadletter``, all encoded with ``schemas.codec``. Acks are manual: a record is acked
@@ -14,25 +18,33 @@ driven by Faust over Kafka:
   offset behind it (at least once; a crash redelivers it).
 * timer ``reorder-tick`` releases batches whose reorder gap timed out.
 * ``/metrics`` on the worker's web port (``RLSTREAM_METRICS_PORT``, default 9102) serves the
-  processor metrics (``rlstream.obs.metrics.Metrics``, role ``streams``).
+  processor metrics (``rlstream.obs.metrics.Metrics``, role ``streams``); ``/healthz`` the
+  processor stats. On shutdown the stats are written to stdout as one ``{"summary": ...}`` line
+  (``rlstream train --mode decoupled`` collects it).
+* offsets of ``rl.samples.raw`` are committed every ``commit_interval_s`` (0.5 s), so the
+  group's backlog there (``Bus.group_lag``), which actors' backpressure and the learner's
+  circuit breaker watch, is current.
 
 Exceptions while handling one record dead-letter it (``processor_error``); the agent goes on.
 Settings come from the environment once, here (``StreamsSettings.from_env``): ``KAFKA_BROKERS``
-(comma separated host:port) and the Kafka security settings the bus reads
-(``streams.bus.kafka.kafka_client_config``), mapped to Faust credentials.
+(comma separated host:port), the Kafka security settings the bus reads
+(``streams.bus.kafka.kafka_client_config``), mapped to Faust credentials and aiokafka
+arguments, and the pipeline settings (``prepare_config_from_env``: ``RLSTREAM_ALGO``,
+``RLSTREAM_STALENESS_*``, ``RLSTREAM_POLICY_ID``).
 
-Limits: every worker must see every PolicyVersion, but ``follow-policies`` is a normal agent in
-the worker group, so with several workers only the one assigned the (single) policy partition
-sees them -- run one streams worker per deployment, or the in-process ``PrepareWorker`` (its
-policy reader is group-less) to scale out.
+Several workers share ``rl.samples.raw`` by partition (the consumer group) and each follows
+every PolicyVersion. Limit: per-actor reorder state lives in the worker that owns the actor's
+partition; a rebalance moves it (held batches are redelivered, uncommitted, to the new owner).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import ssl
+import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,12 +57,12 @@ from schemas.events import DeadLetter, PolicyVersion, PreparedBatch, SampleBatch
 from streams.events import MAX_DEADLETTER_PAYLOAD
 from streams.processors.importance import PolicyLogpFn
 from streams.processors.pipeline import REASON_PROCESSOR_ERROR, Output, Prepare, PrepareConfig
-from streams.topics import DEADLETTER, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW, TOPICS
+from streams.topics import DEADLETTER, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW, STREAMS_GROUP, TOPICS
 
 log = logging.getLogger(__name__)
 
 STAGE = "streams.faust"
-APP_ID = "rlstream-streams"
+APP_ID = STREAMS_GROUP
 ENV_KAFKA_BROKERS = "KAFKA_BROKERS"
 DEFAULT_BROKERS = "127.0.0.1:9092"
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -83,6 +95,13 @@ class StreamsSettings:
     """librdkafka-style security settings (security.protocol, sasl.*, ssl.*)."""
     torch_threads: int = 1
     """Intra-op threads for the IS forward pass (small MLPs are fastest on one; 0: torch's default)."""
+    commit_interval_s: float = 0.5
+    """How often acked offsets of rl.samples.raw are committed (the backlog others watch)."""
+    policy_backlog: int | None = None
+    """PolicyVersion records read back from the end of each partition on start (None: the
+    staleness window's K + 1)."""
+    policy_catchup_s: float = 30.0
+    """Most seconds sample processing waits on start for the policy reader to catch up."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "StreamsSettings":
@@ -100,7 +119,8 @@ class StreamsSettings:
 
 def prepare_config_from_env(env: Mapping[str, str]) -> PrepareConfig:
     """``RLSTREAM_ALGO`` picks the algorithm's defaults; ``RLSTREAM_STALENESS_K`` / ``_MS`` /
-    ``_MODE`` override the window (``rlstream train --mode decoupled`` sets them)."""
+    ``_MODE`` override the window and ``RLSTREAM_POLICY_ID`` the policy followed (default
+    ``policy``; ``rlstream train --mode decoupled`` sets them all)."""
     overrides: dict[str, Any] = {}
     try:
         if env.get("RLSTREAM_STALENESS_K", "").strip():
@@ -115,6 +135,9 @@ def prepare_config_from_env(env: Mapping[str, str]) -> PrepareConfig:
         if mode not in ("drop", "downweight"):
             raise ValueError(f"RLSTREAM_STALENESS_MODE must be drop or downweight, not {mode!r}")
         overrides["staleness_mode"] = mode
+    policy_id = env.get("RLSTREAM_POLICY_ID", "").strip()
+    if policy_id:
+        overrides["policy_id"] = policy_id
     return PrepareConfig.for_algo(env.get("RLSTREAM_ALGO", "ppo").strip() or "ppo", **overrides)
 
 
@@ -161,6 +184,19 @@ def faust_credentials(conf: Mapping[str, str]) -> Any:
     raise ValueError(f"unsupported security.protocol {protocol!r}")
 
 
+def aiokafka_security(conf: Mapping[str, str]) -> dict[str, Any]:
+    """librdkafka security settings -> aiokafka client arguments (the policy reader's)."""
+    creds = faust_credentials(conf)
+    if creds is None:
+        return {}
+    if isinstance(creds, faust.SSLCredentials):
+        return {"security_protocol": "SSL", "ssl_context": creds.context}
+    protocol = conf.get("security.protocol", "").upper()
+    return {"security_protocol": protocol, "ssl_context": creds.ssl_context,
+            "sasl_mechanism": creds.mechanism.value if hasattr(creds.mechanism, "value") else str(creds.mechanism),
+            "sasl_plain_username": creds.username, "sasl_plain_password": creds.password}
+
+
 # --- the app --------------------------------------------------------------------------------
 
 def _headers(h: Any) -> dict[str, bytes]:
@@ -204,11 +240,12 @@ class StreamsApp:
             producer_max_request_size=MAX_MESSAGE_BYTES,
             consumer_max_fetch_size=MAX_MESSAGE_BYTES,
             consumer_auto_offset_reset="earliest",
+            broker_commit_interval=settings.commit_interval_s,
         )
-        self.topics = {name: self._topic(name) for name in (POLICY_VERSIONS, SAMPLES_RAW, SAMPLES_PREPARED,
-                                                            DEADLETTER)}
+        self.topics = {name: self._topic(name) for name in (SAMPLES_RAW, SAMPLES_PREPARED, DEADLETTER)}
         self.send: SendFn = self._kafka_send
         self._held: dict[tuple[int, int], Any] = {}  # (partition, offset) -> faust event not acked yet
+        self._policies_ready: asyncio.Event | None = None  # set by follow-policies once caught up
         self.published = 0
         self.dead_lettered = 0
         self._wire()
@@ -217,18 +254,16 @@ class StreamsApp:
         spec = TOPICS[name]
         return self.app.topic(
             name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
-            partitions=spec.partitions if name in (POLICY_VERSIONS, DEADLETTER) else None,
+            partitions=spec.partitions if name == DEADLETTER else None,
             config={k: v for k, v in spec.config.items()}, internal=True,
-            acks=name != POLICY_VERSIONS,  # policy versions are replayed on every start
         )
 
     def _wire(self) -> None:
         app = self.app
 
-        @app.agent(self.topics[POLICY_VERSIONS], name="follow-policies")
-        async def follow_policies(stream):
-            async for event in stream.events():
-                yield await self.on_policy_event(event)
+        @app.task
+        async def follow_policies():
+            await self.follow_policies()
 
         @app.agent(self.topics[SAMPLES_RAW], name="prepare-samples")
         async def prepare_samples(stream):
@@ -255,6 +290,10 @@ class StreamsApp:
         async def on_revoked(sender, revoked, **kwargs):
             self.on_revoked({tp.partition for tp in revoked if tp.topic == SAMPLES_RAW})
 
+        @app.on_before_shutdown.connect
+        async def write_summary(sender, **kwargs):
+            self.write_summary()
+
         @app.page("/metrics")
         async def metrics_page(web, request):
             if self.metrics is None:
@@ -266,7 +305,7 @@ class StreamsApp:
         async def healthz(web, request):
             return web.json({"ok": True, "stats": self.prepare.stats.as_dict()})
 
-        self.policies_agent = follow_policies
+        self.policies_task = follow_policies
         self.samples_agent = prepare_samples
         self.reorder_tick = reorder_tick
 
@@ -280,17 +319,89 @@ class StreamsApp:
             validate()
         return ev
 
-    async def on_policy_event(self, event: Any) -> bool:
+    # -- the policy stream -----------------------------------------------------------------
+    def _policy_consumer(self) -> Any:
+        from aiokafka import AIOKafkaConsumer
+
+        return AIOKafkaConsumer(
+            bootstrap_servers=[u.split("://", 1)[-1] for u in broker_urls(self.settings.brokers)],
+            group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+            client_id=f"{self.settings.app_id}-policies", max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
+            fetch_max_bytes=4 * MAX_MESSAGE_BYTES, fetch_max_wait_ms=100,
+            **aiokafka_security(self.settings.client_config),
+        )
+
+    async def follow_policies(self, consumer: Any = None) -> None:
+        """Read every PolicyVersion from ``max_versions + 1`` back from the end of each partition,
+        for as long as the app runs (see the module docstring)."""
+        from aiokafka import TopicPartition
+
+        ready = self._policies_ready = asyncio.Event()
+        consumer = consumer if consumer is not None else self._policy_consumer()
+        backlog = self.settings.policy_backlog
+        if backlog is None:
+            backlog = self.prepare.staleness.max_versions + 1
+        backlog = max(1, min(int(backlog), 1 << 20))
+        await consumer.start()
         try:
-            pv = self._decode(event.value, PolicyVersion)
+            while POLICY_VERSIONS not in await consumer.topics():
+                log.warning("%s does not exist yet; waiting for it", POLICY_VERSIONS)
+                await asyncio.sleep(1.0)
+            tps = [TopicPartition(POLICY_VERSIONS, p) for p in range(TOPICS[POLICY_VERSIONS].partitions)]
+            consumer.assign(tps)
+            await consumer.end_offsets(tps)  # the topic's metadata is known from here on
+            parts = consumer.partitions_for_topic(POLICY_VERSIONS) or set()
+            if {tp.partition for tp in tps} != set(parts) and parts:
+                tps = [TopicPartition(POLICY_VERSIONS, p) for p in sorted(parts)]
+                consumer.assign(tps)
+            ends = await consumer.end_offsets(tps)
+            starts = await consumer.beginning_offsets(tps)
+            pending = {}
+            for tp in tps:
+                consumer.seek(tp, max(starts.get(tp, 0), ends[tp] - backlog))
+                if ends[tp] > starts.get(tp, 0):
+                    pending[tp.partition] = ends[tp]
+            while True:
+                if not pending:
+                    ready.set()
+                batches = await consumer.getmany(timeout_ms=200, max_records=256)
+                for tp, msgs in batches.items():
+                    for msg in msgs:
+                        await self.on_policy_message(msg)
+                        if tp.partition in pending and msg.offset + 1 >= pending[tp.partition]:
+                            del pending[tp.partition]
+        finally:
+            ready.set()
+            await consumer.stop()
+
+    async def wait_for_policies(self) -> None:
+        """Until the policy reader has caught up on start, at most ``policy_catchup_s`` (no-op
+        when it does not run)."""
+        ready = self._policies_ready
+        if ready is None or ready.is_set():
+            return
+        try:
+            await asyncio.wait_for(ready.wait(), self.settings.policy_catchup_s)
+        except asyncio.TimeoutError:
+            log.warning("policy reader did not catch up within %.0fs; processing samples anyway",
+                        self.settings.policy_catchup_s)
+            ready.set()
+
+    async def on_policy_message(self, msg: Any) -> bool:
+        """One record of rl.policy.versions (anything with topic, partition, offset, key, value,
+        headers); True if it is the newest version of our policy."""
+        try:
+            pv = self._decode(msg.value, PolicyVersion)
             return self.prepare.on_policy(pv)
         except Exception as e:
             self.prepare.stats.policy_errors += 1
             reason = e.reason if isinstance(e, CodecError) else REASON_PROCESSOR_ERROR
-            await self._dead_letter(event.message, reason, e)
+            await self._dead_letter(msg, reason, e)
             return False
 
+    # -- the sample stream ------------------------------------------------------------------
     async def on_sample_event(self, event: Any) -> int:
+        await self.wait_for_policies()
         msg = event.message
         key = (msg.partition, msg.offset)
         try:
@@ -336,6 +447,19 @@ class StreamsApp:
             log.info("rebalance: released %d buffered batches of partitions %s", dropped, sorted(partitions))
 
     # -- output -----------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        return {"role": "streams", "policy_id": self.prepare.policy_id, "published": self.published,
+                "dead_lettered": self.dead_lettered, **self.prepare.stats.as_dict()}
+
+    def write_summary(self) -> None:
+        """One ``{"summary": ...}`` line on the real stdout (the worker redirects ``sys.stdout``)."""
+        out = sys.__stdout__ or sys.stdout
+        try:
+            out.write(json.dumps({"summary": self.summary()}, sort_keys=True, default=str) + "\n")
+            out.flush()
+        except Exception:
+            log.exception("could not write the summary")
+
     async def _kafka_send(self, topic: str, key: bytes | None, value: bytes, headers: dict[str, bytes]) -> Any:
         fut = await self.topics[topic].send(key=key, value=value, headers=list(headers.items()))
         return await fut

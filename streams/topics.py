@@ -22,6 +22,11 @@ PREFERENCES = "rl.preferences"
 DEADLETTER = "rl.deadletter"
 SCHEMAS = "rl.schemas"
 
+#: Consumer group of the stream processors on rl.samples.raw (the Faust app id): its backlog
+#: there (``Bus.group_lag(STREAMS_GROUP, SAMPLES_RAW)``) is what actors' backpressure, the dynamic
+#: fragment length and the learner's circuit breaker watch.
+STREAMS_GROUP = "rlstream-streams"
+
 # Retention -1: topics are the training record and must stay replayable (offline DPO, audits).
 _KEEP = {"retention.ms": "-1", "max.message.bytes": "16777216"}
 

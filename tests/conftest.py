@@ -8,6 +8,13 @@ None of these -> the kafka tests fail when ``CI=true``, else they are skipped wi
 ``bus`` is parametrised over ``memory`` and ``kafka`` (marked ``kafka``): a contract test
 takes ``bus`` and ``new_topic`` and runs against both. Topic names carry a uuid, so tests
 never see each other's records on the shared broker.
+
+Tests that need the fixed ``streams.topics`` names on the broker (the Faust worker, the
+decoupled roles) take ``rl_topics``: it deletes every ``rl.*`` topic and the roles' consumer
+groups and creates the topics afresh, before the test and again after it, so no test sees
+another's records, offsets or policy versions. It wipes those topics on the broker the session
+uses -- run such tests against a development broker only, one session at a time. Such tests
+also use their own ``policy_id``, which the processors and the learner follow exclusively.
 """
 
 from __future__ import annotations
@@ -156,3 +163,24 @@ def new_topic(bus, request):
 
         with KafkaBus(bus.bootstrap, client_id="rlstream-test-cleanup") as admin:
             admin.delete_topics(made)
+
+
+#: Consumer groups of the roles on the fixed topics (the Faust worker / stream processors and
+#: the learner), whose committed offsets ``rl_topics`` removes with the topics.
+ROLE_GROUPS = ("rlstream-streams", "learner")
+
+
+@pytest.fixture
+def rl_topics(kafka_bootstrap):
+    """Fresh, empty ``rl.*`` topics and no role group offsets on the session broker, before and
+    after the test (see the module docstring); yields the bootstrap servers."""
+    from streams.bus.kafka import KafkaBus
+    from streams.topics import all_topics
+
+    def reset() -> None:
+        with KafkaBus(kafka_bootstrap, client_id="rlstream-test-reset") as admin:
+            admin.reset_topics(all_topics(), groups=ROLE_GROUPS)
+
+    reset()
+    yield kafka_bootstrap
+    reset()

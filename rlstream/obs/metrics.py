@@ -371,7 +371,7 @@ class _Shared:
         )
         self.batch_size = Gauge(
             "batch_size",
-            "Current learner batch size (dynamic batch size controller).",
+            "Current dynamic batch size (learner: transitions per update; decoupled actor: steps per fragment).",
             R, namespace=NAMESPACE, registry=r,
         )
         self.step_duration = Histogram(

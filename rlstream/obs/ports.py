@@ -54,6 +54,9 @@ ENV_STALENESS_MS = "RLSTREAM_STALENESS_MS"
 ENV_STALENESS_MODE = "RLSTREAM_STALENESS_MODE"
 #: Algorithm whose stream-processor defaults the Faust worker starts from (``PrepareConfig.for_algo``).
 ENV_ALGO = "RLSTREAM_ALGO"
+#: Policy the Faust worker follows (``PrepareConfig.policy_id``; default ``policy``): versions
+#: of any other policy on rl.policy.versions are ignored.
+ENV_POLICY_ID = "RLSTREAM_POLICY_ID"
 
 #: Every environment variable an rlstream process reads. Manifests may set no
 #: other variable on an rlstream container.
@@ -69,6 +72,7 @@ ENV_VARS: tuple[str, ...] = (
     ENV_STALENESS_MS,
     ENV_STALENESS_MODE,
     ENV_ALGO,
+    ENV_POLICY_ID,
 )
 
 #: Sub-commands of the ``rlstream`` CLI (rlstream/cli.py is wired to this list).

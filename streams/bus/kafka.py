@@ -21,6 +21,11 @@ How the memory semantics (``streams.bus.base``) map onto Kafka:
   across a rebalance) > explicit ``start`` offset > committed offset > reset policy. Offsets
   are never auto-committed. ``"latest"`` means the log end when ``consumer()`` was called
   (as in memory), not when the group join finishes seconds later.
+- ``commit`` outlives broker restarts: errors while the group coordinator is unreachable are
+  retried for ``COMMIT_RETRY_S``; a commit the group refuses because it fenced this member
+  (``UNKNOWN_MEMBER_ID``/``ILLEGAL_GENERATION`` after a rebalance or a broker restart) is
+  dropped with a warning (``commit_failures`` counts both): the records are redelivered, at
+  least once, as after a crash. Other commit errors raise ``BusError``.
 - ``group=None`` readers take every partition with ``assign`` (no group join, no commit), under
   a unique throw-away ``group.id``.
 - explicit and ``seek`` offsets are clamped into [low, high] watermark, as memory clamps.
@@ -127,6 +132,14 @@ def _err(e: BaseException) -> KafkaError | None:
 
 
 _TOO_LARGE = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE}
+# Commit errors of a member the group no longer knows (rebalance, broker restart): dropped.
+_FENCED = {KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS,
+           KafkaError.FENCED_INSTANCE_ID}
+# Commit errors while the coordinator is unreachable or moving: retried for COMMIT_RETRY_S.
+_TRANSIENT = {KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
+              KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.REQUEST_TIMED_OUT, KafkaError._TRANSPORT,
+              KafkaError._TIMED_OUT, KafkaError._WAIT_COORD, KafkaError._ALL_BROKERS_DOWN}
+COMMIT_RETRY_S = 10.0
 _KEEP_ERRORS = 100  # delivery errors kept for the report in flush (all are counted)
 
 
@@ -234,6 +247,46 @@ class KafkaBus(Bus):
                 if err is None or err.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
                     raise BusError(f"cannot delete topic {name}: {e}") from e
             self._known.pop(name, None)
+
+    def reset_topics(self, specs: Iterable[TopicSpec], groups: Iterable[str] = (), timeout: float = 60.0) -> None:
+        """Delete the topics of ``specs`` and the consumer ``groups`` (their committed offsets),
+        wait until the broker has forgotten them, and create the topics afresh: a clean slate for
+        a test or benchmark that uses the fixed ``streams.topics`` names on a shared broker.
+        Destructive: whatever those topics held is gone. Groups with live members are left as
+        they are (a warning is logged)."""
+        specs = list(specs)
+        names = [s.name for s in specs]
+        self.delete_topics(names, timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while True:  # deletion is asynchronous: a name is reusable once metadata no longer has it
+            try:
+                present = set(self._admin.list_topics(timeout=min(5.0, timeout)).topics)
+            except KafkaException:
+                present = set(names)
+            left = present & set(names)
+            if not left:
+                break
+            if time.monotonic() > deadline:
+                raise BusError(f"topics {sorted(left)} still exist {timeout:.0f}s after deletion")
+            time.sleep(0.1)
+        groups = list(groups)
+        if groups:
+            for group, fut in self._admin.delete_consumer_groups(groups, request_timeout=timeout).items():
+                try:
+                    fut.result()
+                except KafkaException as e:
+                    err = _err(e)
+                    if err is None or err.code() not in (KafkaError.GROUP_ID_NOT_FOUND, KafkaError.NOT_COORDINATOR):
+                        log.warning("consumer group %s not deleted: %s", group, e)
+        while True:
+            try:
+                self.create_topics(specs, timeout=timeout)
+                return
+            except BusError as e:  # the controller may still be finishing the deletion
+                if "TOPIC_ALREADY_EXISTS" not in str(e) and "marked for deletion" not in str(e) \
+                        or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def _wait_topics(self, want: dict[str, int], timeout: float) -> None:
         """Poll metadata until every topic has a leader for each of (at least) its partitions."""
@@ -404,6 +457,7 @@ class KafkaConsumer(Consumer):
         self._committed: dict[TP, int] = {}  # what this member knows is committed
         self._kept: dict[TP, int] = {}  # positions of partitions revoked by a rebalance
         self._closed = False
+        self.commit_failures = 0  # commits the group refused or that timed out (records redelivered)
         gid = group if group is not None else f"rlstream-reader-{uuid.uuid4().hex}"
         conf = {**bus.consumer_config, "group.id": gid, "auto.offset.reset": policy,
                 "error_cb": self._on_error}
@@ -530,15 +584,37 @@ class KafkaConsumer(Consumer):
                 if tp in self._positions and o > self._committed.get(tp, -1)}
         if not todo:
             return
-        try:
-            res = self._c.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in todo.items()],
-                                 asynchronous=False)
-        except KafkaException as e:
-            raise BusError(f"commit of group {self.group} failed: {e}") from e
-        for p in res or []:
-            if p.error is not None:
-                raise BusError(f"commit of {p.topic}[{p.partition}] in group {self.group} failed: {p.error}")
-        self._committed.update(todo)
+        deadline = time.monotonic() + COMMIT_RETRY_S
+        while True:
+            err = None
+            try:
+                res = self._c.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in todo.items()],
+                                     asynchronous=False)
+                err = next((p.error for p in res or [] if p.error is not None), None)
+            except KafkaException as e:
+                err = _err(e)
+                if err is None:
+                    raise BusError(f"commit of group {self.group} failed: {e}") from e
+            if err is None:
+                self._committed.update(todo)
+                return
+            code = err.code()
+            if code in _FENCED:
+                # A rebalance (or a broker restart) fenced this member: the group refuses its
+                # commit. Nothing to retry: the records are redelivered to whoever owns the
+                # partitions next (at least once), and commits resume after the rejoin.
+                self.commit_failures += 1
+                log.warning("commit of group %s refused (%s): the records will be redelivered", self.group, err)
+                return
+            if code in _TRANSIENT or err.retriable():
+                if time.monotonic() < deadline:
+                    time.sleep(0.2)  # librdkafka looks the coordinator up meanwhile
+                    continue
+                self.commit_failures += 1
+                log.warning("commit of group %s failed for %.0fs (%s); the next commit retries it",
+                            self.group, COMMIT_RETRY_S, err)
+                return
+            raise BusError(f"commit of group {self.group} failed: {err}")
 
     def committed(self) -> dict[TP, int]:
         if self.group is None or not self._positions:

@@ -71,8 +71,10 @@ class PrepareConfig:
     """V-trace c-bar."""
     behaviour_cap: float | None = 5.0
     """AReaL-style cap: transitions with ratio above it get weight 0 (None: no cap)."""
-    policy_id: str | None = None
-    """Only follow PolicyVersions of this policy (None: any)."""
+    policy_id: str | None = "policy"
+    """Only follow PolicyVersions of this policy (the learner's ``policy_id``; None: any). Versions
+    of other policies on the topic are counted (``policy_ignored``) and ignored, so another
+    run's or test's versions never move the staleness window."""
 
     @classmethod
     def for_algo(cls, algo: str, **overrides: Any) -> "PrepareConfig":

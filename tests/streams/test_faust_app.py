@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -62,6 +63,12 @@ def streams():
     return clock, sa, sent
 
 
+def policy_msg(offset: int, value: bytes, partition: int = 0) -> SimpleNamespace:
+    """A record of rl.policy.versions as the policy reader (aiokafka) hands it over."""
+    return SimpleNamespace(topic=POLICY_VERSIONS, partition=partition, offset=offset, key=b"policy", value=value,
+                           headers=())
+
+
 def decoded(sent, topic, cls):
     return [CODEC.decode(v, cls) for t, _, v in sent if t == topic]
 
@@ -70,11 +77,11 @@ def test_agents_prepare_and_dead_letter(streams):
     clock, sa, sent = streams
 
     async def scenario():
-        async with sa.policies_agent.test_context() as pa:
-            for v in range(4):
-                await pa.put(CODEC.encode(PolicyVersion("p", v, clock.t, "L", "ppo")), key=b"p")
-            await pa.put(b"not a policy", key=b"p")
-        assert sa.prepare.stats.latest_version == 3
+        for v in range(4):
+            await sa.on_policy_message(policy_msg(v, CODEC.encode(PolicyVersion("policy", v, clock.t, "L", "ppo"))))
+        await sa.on_policy_message(policy_msg(4, b"not a policy"))
+        await sa.on_policy_message(policy_msg(5, CODEC.encode(PolicyVersion("other", 99, clock.t, "L", "ppo"))))
+        assert sa.prepare.stats.latest_version == 3 and sa.prepare.stats.policy_ignored == 1
         async with sa.samples_agent.test_context() as agent:
             for s in [0, 2, 1]:  # reordered
                 await agent.put(CODEC.encode(make_batch("a", s, 3, clock.t)), key=b"a")
@@ -193,4 +200,76 @@ def test_module_app_is_configured():
     assert app.conf.id == "rlstream-streams"
     assert app.conf.topic_partitions == 1 and str(app.conf.store) == "memory:"
     names = {a.name for a in app.agents.values()}
-    assert any(n.endswith("prepare-samples") for n in names) and any(n.endswith("follow-policies") for n in names)
+    assert any(n.endswith("prepare-samples") for n in names)
+    assert not any(POLICY_VERSIONS in str(t) for a in app.agents.values() for t in a.channel.topics), \
+        "policy versions are read group-less by the follow-policies task, not by a group agent"
+    from streams.faust_app import streams_app
+
+    assert streams_app.policies_task in app._app_tasks
+    assert app.conf.broker_commit_interval == 0.5
+
+
+class FakePolicyConsumer:
+    """The aiokafka consumer surface ``follow_policies`` uses, over a list of records."""
+
+    def __init__(self, values: list[bytes], beginning: int = 0) -> None:
+        self.values, self.beginning = values, beginning
+        self.position: dict = {}
+        self.started = self.stopped = False
+
+    async def start(self):
+        self.started = True
+
+    async def stop(self):
+        self.stopped = True
+
+    async def topics(self):
+        return {POLICY_VERSIONS}
+
+    def partitions_for_topic(self, topic):
+        return {0} if topic == POLICY_VERSIONS and hasattr(self, "assigned") else None
+
+    def assign(self, tps):
+        self.assigned = list(tps)
+
+    async def end_offsets(self, tps):
+        return {tp: len(self.values) for tp in tps}
+
+    async def beginning_offsets(self, tps):
+        return {tp: self.beginning for tp in tps}
+
+    def seek(self, tp, offset):
+        self.position[tp] = offset
+        self.seeked = offset
+
+    async def getmany(self, timeout_ms=0, max_records=None):
+        out = {}
+        for tp, pos in self.position.items():
+            recs = [policy_msg(o, self.values[o]) for o in range(pos, len(self.values))]
+            if recs:
+                out[tp] = recs
+                self.position[tp] = len(self.values)
+        if not out:
+            await asyncio.sleep(timeout_ms / 1000)
+        return out
+
+
+def test_policy_reader_starts_k_plus_1_back_and_gates_samples(streams):
+    """Every worker reads the versions group-less from end - (K + 1); samples wait until it has
+    caught up, so the first batch is judged against the newest version."""
+    clock, sa, sent = streams
+    values = [CODEC.encode(PolicyVersion("policy", v, clock.t, "L", "ppo")) for v in range(10)]
+    fake = FakePolicyConsumer(values)
+
+    async def scenario():
+        reader = asyncio.create_task(sa.follow_policies(fake))
+        async with sa.samples_agent.test_context() as agent:
+            await agent.put(CODEC.encode(make_batch("a", 0, 6, clock.t)), key=b"a")  # 3 behind 9: stale (K=2)
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+
+    asyncio.run(scenario())
+    assert fake.seeked == 10 - 3 and fake.stopped
+    assert sa.prepare.stats.policy_versions == 3 and sa.prepare.stats.latest_version == 9
+    assert [d.reason for d in decoded(sent, DEADLETTER, DeadLetter)] == ["stale_versions"]

@@ -1,10 +1,9 @@
 """``faust -A streams worker`` as a subprocess against a real Kafka broker.
 
-Uses the ``kafka_bootstrap`` fixture when tests/conftest.py provides one, else
-``$KAFKA_BROKERS``; skipped without either. The topics are the fixed ones from
-streams/topics.py and may hold other tests' records, so everything this test sends is
-tagged with a run id (actor ids, keys, a huge increasing policy version) and only tagged
-outputs are counted.
+Uses the ``rl_topics`` fixture of tests/conftest.py: the fixed topics of streams/topics.py,
+emptied before and after the test, so nothing of another test is there. The worker follows
+this test's own policy id (``RLSTREAM_POLICY_ID``); a version of another policy, numbered far
+above ours, is published first and must be ignored.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ import torch
 from schemas.codec import Codec
 from schemas.events import DeadLetter, PolicyVersion, PreparedBatch, SampleBatch, now_ms
 from schemas.weights import encode_weights
-from streams.topics import DEADLETTER, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW, TOPICS
+from streams.topics import DEADLETTER, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW
 
 pytestmark = pytest.mark.kafka
 torch.set_num_threads(1)
@@ -38,15 +37,8 @@ T, N, OBS, ACT = 8, 2, 3, 2
 
 
 @pytest.fixture
-def bootstrap(request) -> str:
-    try:
-        return request.getfixturevalue("kafka_bootstrap")
-    except pytest.FixtureLookupError:
-        pass
-    b = os.environ.get("KAFKA_BROKERS", "").strip()
-    if not b:
-        pytest.skip("no Kafka broker (kafka_bootstrap fixture or KAFKA_BROKERS)")
-    return b
+def bootstrap(rl_topics) -> str:
+    return rl_topics
 
 
 def free_port() -> int:
@@ -69,13 +61,13 @@ def make_batch(actor: str, seq: int, version: int, batch_id: str | None = None) 
     )
 
 
-def policy_version(version: int) -> PolicyVersion:
+def policy_version(version: int, policy_id: str) -> PolicyVersion:
     from agents.networks import Policy
 
     torch.manual_seed(0)
     p = Policy(OBS, ACT, hidden=(8,))
     w = encode_weights(p.state_dict(), {"obs_dim": OBS, "act_dim": ACT, "hidden": [8]})
-    return PolicyVersion("p", version, now_ms(), "test", "ppo", weights=w)
+    return PolicyVersion(policy_id, version, now_ms(), "test", "ppo", weights=w)
 
 
 def http_json(url: str):
@@ -85,21 +77,11 @@ def http_json(url: str):
 
 def test_faust_worker_end_to_end(bootstrap, tmp_path):
     from confluent_kafka import Consumer, Producer, TopicPartition
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    futs = admin.create_topics([NewTopic(t, 1, 1, config=dict(TOPICS[t].config))
-                                for t in (POLICY_VERSIONS, SAMPLES_RAW, SAMPLES_PREPARED, DEADLETTER)])
-    for f in futs.values():
-        try:
-            f.result(30)
-        except Exception as e:  # already there
-            if "TOPIC_ALREADY_EXISTS" not in str(e):
-                raise
 
     run = uuid.uuid4().hex[:10]
     actor = f"{run}-a"
-    version = 10**15 + now_ms()  # above any earlier run's, so it becomes the latest
+    policy_id = f"test-{run}"
+    version = 10
     port = free_port()
 
     # where the outputs start now
@@ -119,7 +101,7 @@ def test_faust_worker_end_to_end(bootstrap, tmp_path):
     probe.close()
 
     env = {**os.environ, "KAFKA_BROKERS": bootstrap, "RLSTREAM_METRICS_PORT": str(port),
-           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+           "RLSTREAM_POLICY_ID": policy_id, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     log_path = tmp_path / "faust.log"
     logf = open(log_path, "wb")
     proc = subprocess.Popen([sys.executable, "-m", "faust", "-A", "streams", "--datadir", str(tmp_path / "data"),
@@ -135,7 +117,8 @@ def test_faust_worker_end_to_end(bootstrap, tmp_path):
                              headers=list(CODEC.headers_for(ev_or_bytes).items()))
 
     try:
-        send(POLICY_VERSIONS, b"p", policy_version(version))
+        send(POLICY_VERSIONS, b"other", policy_version(10**15, "someone-else"))  # not ours: ignored
+        send(POLICY_VERSIONS, policy_id.encode(), policy_version(version, policy_id))
         producer.flush(30)
         deadline = time.monotonic() + 120
         while True:  # ready once the worker follows our policy version
@@ -188,7 +171,8 @@ def test_faust_worker_end_to_end(bootstrap, tmp_path):
         assert not np.allclose(off.is_rho, 1.0) and (off.is_rho <= 1.0).all()
         assert all((p.is_rho == 1.0).all() for p in prepared[:6])
         stats = http_json(f"http://127.0.0.1:{port}/healthz")["stats"]
-        assert stats["drops"].get("duplicate", 0) >= 1
+        assert stats["drops"] == {"duplicate": 1, "stale_versions": 1, "corrupt": 1}
+        assert stats["policy_ignored"] == 1 and stats["latest_version"] == version
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
         assert 'rlstream_drops_total{reason="duplicate",role="streams"}' in metrics
     finally:

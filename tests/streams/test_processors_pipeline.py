@@ -58,7 +58,7 @@ def policy_version(version: int, created: int, seed: int | None = None) -> Polic
         for prm in p.net.actor_mean.parameters():
             prm.add_(0.3 * torch.randn_like(prm))
     w = encode_weights(p.state_dict(), {"obs_dim": OBS, "act_dim": ACT, "hidden": [8]})
-    return PolicyVersion("p", version, created, "L", "ppo", weights=w)
+    return PolicyVersion("policy", version, created, "L", "ppo", weights=w)
 
 
 def read(bus: MemoryBus, topic: str, cls):
@@ -89,7 +89,7 @@ class TestPrepare:
         prep = Prepare.from_config(PrepareConfig(max_versions=1, max_ms=None, behaviour_cap=None),
                                    factory, clock=clock)
         for v in range(4):
-            prep.on_policy(PolicyVersion("p", v, 0, "L", "ppo", weights=b""))
+            prep.on_policy(PolicyVersion("policy", v, 0, "L", "ppo", weights=b""))
         assert calls == []  # lazy
         b = make_batch("a", 0, 2, clock.t)
         (out,) = prep.push(b, 0, 7)
@@ -123,15 +123,15 @@ class TestPrepare:
             return good
 
         prep = Prepare.from_config(PrepareConfig(max_versions=5, max_ms=None), factory, clock=clock)
-        prep.on_policy(PolicyVersion("p", 1, 0, "L", "ppo"))
+        prep.on_policy(PolicyVersion("policy", 1, 0, "L", "ppo"))
         prep.push(make_batch("a", 0, 0, clock.t))  # builds v1
-        prep.on_policy(PolicyVersion("p", 2, 0, "L", "ppo"))
+        prep.on_policy(PolicyVersion("policy", 2, 0, "L", "ppo"))
         (out,) = prep.push(make_batch("a", 1, 0, clock.t))
         assert isinstance(out, PreparedBatch) and out.current_version == 1  # fell back to v1
         assert prep.stats.policy_errors == 1 and "broken" in prep.stats.last_policy_error
         (out,) = prep.push(make_batch("a", 2, 2, clock.t))  # behaviour newer than the usable policy
         assert isinstance(out, PreparedBatch) and (out.is_rho == 1).all()
-        prep.on_policy(PolicyVersion("p", 3, 0, "L", "ppo"))
+        prep.on_policy(PolicyVersion("policy", 3, 0, "L", "ppo"))
         bad = make_batch("a", 3, 0, clock.t)
         bad = SampleBatch(**{**bad.__dict__, "obs": np.zeros((T, N, OBS + 1), np.float32),
                              "last_obs": np.zeros((N, OBS + 1), np.float32)})
@@ -141,7 +141,7 @@ class TestPrepare:
 
     def test_no_policy_factory_means_unit_weights(self):
         prep = Prepare.from_config(PrepareConfig(importance=False, max_versions=10))
-        prep.on_policy(PolicyVersion("p", 5, 0, "L", "ppo"))
+        prep.on_policy(PolicyVersion("policy", 5, 0, "L", "ppo"))
         (out,) = prep.push(make_batch("a", 0, 2, 10**15))
         assert (out.is_rho == 1).all() and out.current_version == 5 and out.staleness_versions == 3
 
@@ -304,7 +304,7 @@ def _record_for(op, clock, i: int) -> tuple[bytes, bool]:
     if k == "shape":
         return CODEC.encode(SampleBatch(**{**b.__dict__, "rewards": np.zeros((T + 1, N), np.float32)})), True
     if k == "wrong_type":
-        return CODEC.encode(PolicyVersion("p", 1, 0, "L", "ppo")), True
+        return CODEC.encode(PolicyVersion("policy", 1, 0, "L", "ppo")), True
     if k == "neg_seq":
         return CODEC.encode(SampleBatch(**{**b.__dict__, "seq": -1})), True
     if k == "huge_seq":
@@ -335,7 +335,7 @@ def test_worker_never_raises_and_dead_letters_bad_records(ops):
         return orig(batch, tag, now)
 
     prepare._prepare = exploding
-    events.publish(POLICY_VERSIONS, PolicyVersion("p", 1, 0, "L", "ppo"), key="p")
+    events.publish(POLICY_VERSIONS, PolicyVersion("policy", 1, 0, "L", "ppo"), key="p")
     worker = PrepareWorker(events, prepare)
     bad_offsets = set()
     for i, op in enumerate(ops):

@@ -1,0 +1,368 @@
+"""Fault-injection fixtures: a private Kafka broker per test, and the training roles around it.
+
+``private_kafka`` starts an ``rlstream.broker.LocalKafka`` of this test's own (never the shared
+broker on 9092: these tests SIGKILL theirs) on free ports, with
+
+* a PLAINTEXT listener (``bootstrap``) the roles use, and a SASL_PLAINTEXT/PLAIN listener
+  (``sasl_bootstrap``) whose users are ``SASL_USERS``;
+* ``group.min.session.timeout.ms`` lowered, so a test can give consumers short sessions.
+
+A fresh broker per test costs ~5 s and isolates the tests completely: the roles use the real
+topic and group names (``streams.topics``), so nothing is shared between tests.
+
+``Rig`` runs the roles the way production does, each as a process of the real entry point
+(``rlstream learner``, ``rlstream actor``), so a kill is a real SIGKILL of a real process; the
+stream processors run in-process (``streams.worker.PrepareWorker`` over ``KafkaBus``, in a
+thread), under the Faust app's consumer group, which the learner's circuit breaker watches.
+``Ledger`` reads the topics afterwards and does the accounting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW
+
+ENV_ID = "Pendulum-v1"  # obs 3, act 1: the cheapest continuous-control env gymnasium has
+FRAGMENT = 32  # steps per SampleBatch (one env)
+STREAMS_GROUP = "rlstream-streams"  # the Faust app id: the group the learner's breaker watches
+SASL_USERS = {"svc": "svc-secret", "admin": "admin-secret"}
+# Clients of the test process: notice a dead group member in ~1 s (the broker allows it).
+FAST_CONSUMER = {"heartbeat.interval.ms": 300, "session.timeout.ms": 2000}
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` free ports where the first two are adjacent (LocalKafka's controller is port + 1)."""
+    from rlstream.broker import port_is_free
+
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        ports = [base, base + 1]
+        if base + 1 >= 65535 or not (port_is_free(base) and port_is_free(base + 1)):
+            continue
+        while len(ports) < n:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                p = s.getsockname()[1]
+            if p not in ports:
+                ports.append(p)
+        return ports
+    raise RuntimeError("no free ports on 127.0.0.1")
+
+
+@dataclass
+class PrivateKafka:
+    kafka: object  # rlstream.broker.LocalKafka
+    bootstrap: str
+    sasl_bootstrap: str
+    users: dict[str, str]
+
+
+def _jaas(users: dict[str, str]) -> str:
+    # The broker's own login (username/password) is unused by a PLAINTEXT inter-broker listener,
+    # but PlainLoginModule wants one; user_<name>="<password>" are the accounts clients may use.
+    accounts = " ".join(f'user_{u}="{p}"' for u, p in users.items())
+    return ('org.apache.kafka.common.security.plain.PlainLoginModule required '
+            f'username="admin" password="{users["admin"]}" {accounts};')
+
+
+@pytest.fixture
+def private_kafka(tmp_path_factory):
+    """A broker of this test's own (see the module docstring); skipped where none can start
+    (no java / jars), failed instead when ``CI=true``."""
+    from rlstream.broker import BrokerError, LocalKafka
+
+    port, controller, sasl = _free_ports(3)
+    host = "127.0.0.1"
+    extra = {
+        "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller},SASL_PLAINTEXT://{host}:{sasl}",
+        "advertised.listeners": f"PLAINTEXT://{host}:{port},SASL_PLAINTEXT://{host}:{sasl}",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+        "sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config": _jaas(SASL_USERS),
+        "group.min.session.timeout.ms": 1000,
+    }
+    data = tmp_path_factory.mktemp("private-kafka")
+    kafka = LocalKafka(port=port, controller_port=controller, data_dir=data, extra_properties=extra,
+                       quiet=True, heap=("-Xms128m", "-Xmx512m"))
+    try:
+        kafka.start(timeout=180)
+    except (BrokerError, OSError) as e:
+        with contextlib.suppress(Exception):
+            kafka.kill()
+        msg = f"no private Kafka broker for the fault tests: {str(e).splitlines()[0]}"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    try:
+        yield PrivateKafka(kafka, kafka.bootstrap, f"{host}:{sasl}", dict(SASL_USERS))
+    finally:
+        kafka.kill()  # the data dir is thrown away: no need for a graceful stop
+
+
+# --- roles -------------------------------------------------------------------------------------
+
+class Role:
+    """A role process (``rlstream learner|actor``) with its log file."""
+
+    def __init__(self, name: str, cmd: list[str], log: Path, env: dict[str, str]) -> None:
+        self.name = name
+        self.log = log
+        self._out = log.open("ab")
+        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no snapshot, no flush, no commit, no goodbye to the group."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+        self._out.close()
+
+    def stop(self, timeout: float = 30.0) -> dict:
+        """SIGTERM, wait, and return the role's JSON summary (``{}`` if it printed none)."""
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise AssertionError(f"{self.name} ignored SIGTERM for {timeout:.0f}s:\n{self.tail()}")
+        self._out.close()
+        for line in reversed(self.log.read_text(errors="replace").splitlines()):
+            if line.startswith('{"summary"'):
+                return json.loads(line)["summary"]
+        return {}
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+class StreamsThread:
+    """The prepare pipeline (``PrepareWorker``) over its own KafkaBus, in a thread; errors that
+    escape a step are recorded, and the worker is rebuilt when ``restart_on_error`` (what a
+    supervisor would do with a crashed streams process)."""
+
+    def __init__(self, bootstrap: str, restart_on_error: bool = False) -> None:
+        self.bootstrap = bootstrap
+        self.restart_on_error = restart_on_error
+        self.errors: list[str] = []
+        self.workers: list = []
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="streams", daemon=True)
+        self.thread.start()
+
+    def _worker(self):
+        from rlstream.wiring import build_events
+        from streams.bus.kafka import KafkaBus
+        from streams.processors.importance import PolicyLogpFn
+        from streams.processors.pipeline import Prepare, PrepareConfig
+        from streams.topics import all_topics
+        from streams.worker import PrepareWorker
+
+        bus = KafkaBus(self.bootstrap, client_id="faults-streams", consumer_config=FAST_CONSUMER)
+        bus.create_topics(all_topics())
+        events = build_events(bus, None)
+        # A window no batch of these short runs can leave: every produced batch must be trained.
+        cfg = PrepareConfig.for_algo("ppo", max_versions=1_000_000, max_ms=None)
+        prepare = Prepare.from_config(cfg, PolicyLogpFn.from_policy_version)
+        w = PrepareWorker(events, prepare, group=STREAMS_GROUP)
+        self.workers.append(w)
+        return bus, w
+
+    def _run(self) -> None:
+        while not self.stop_event.is_set():
+            bus, w = self._worker()
+            try:
+                while not self.stop_event.is_set():
+                    w.step(0.1)
+                w.close()
+                bus.close(timeout=10)
+                return
+            except Exception as e:
+                self.errors.append(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+                with contextlib.suppress(Exception):
+                    w.close()
+                if not self.restart_on_error:
+                    return
+                time.sleep(0.5)
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def stats(self) -> dict:
+        out: Counter = Counter()
+        for w in self.workers:
+            s = w.prepare.stats
+            out["received"] += s.received_batches
+            out["emitted"] += s.emitted_batches
+            out["restarts"] += s.reorder.restarts
+            for k, v in s.drops.items():
+                out[f"drop_{k}"] += v
+        return dict(out)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.thread.join(30)
+
+
+class Rig:
+    """Learner and actor processes on the broker ``bootstrap``, the streams thread in-process."""
+
+    def __init__(self, bootstrap: str, run_dir: Path, *, snapshot_every: int = 3,
+                 train_batch_size: int = FRAGMENT) -> None:
+        self.bootstrap = bootstrap
+        self.run_dir = run_dir
+        self.snapshot_every = snapshot_every
+        self.train_batch_size = train_batch_size
+        self.env = {**os.environ, "KAFKA_BROKERS": bootstrap, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                    "PYTHONUNBUFFERED": "1"}
+        self.env.pop("RLSTREAM_METRICS_PORT", None)
+        self.roles: list[Role] = []
+        self.streams: StreamsThread | None = None
+        self._n = Counter()
+
+    def _cmd(self, role: str, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "rlstream.cli", role, "--bus", "kafka", "--bootstrap", self.bootstrap,
+                "--algo", "ppo", "--env", ENV_ID, "--total-steps", str(10**9),
+                "--train-batch-size", str(self.train_batch_size), "--fragment-steps", str(FRAGMENT),
+                "--num-envs", "1", "--snapshot-every", str(self.snapshot_every),
+                "--run-dir", str(self.run_dir), "--metrics-port", "-1", "--log-json", "--log-every", "1",
+                "--set", "update_epochs=1", "--set", "num_minibatches=1", *extra]
+
+    def _spawn(self, name: str, cmd: list[str]) -> Role:
+        self._n[name] += 1
+        role = Role(name, cmd, self.run_dir / f"{name}.{self._n[name]}.log", self.env)
+        self.roles.append(role)
+        return role
+
+    def learner(self, resume: bool = False) -> Role:
+        return self._spawn("learner", self._cmd("learner", *(["--resume"] if resume else [])))
+
+    def actor(self, index: int = 0) -> Role:
+        return self._spawn(f"actor-{index}", self._cmd("actor", "--index", str(index)))
+
+    def start_streams(self, restart_on_error: bool = False) -> StreamsThread:
+        self.streams = StreamsThread(self.bootstrap, restart_on_error)
+        return self.streams
+
+    def close(self) -> None:
+        for r in self.roles:
+            if r.alive():
+                r.kill()
+        if self.streams is not None:
+            self.streams.stop()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {r.log.name} ---\n{r.tail()}" for r in self.roles)
+
+
+@pytest.fixture
+def rig(private_kafka, tmp_path):
+    r = Rig(private_kafka.bootstrap, tmp_path)
+    yield r
+    r.close()
+
+
+# --- reading the outcome -------------------------------------------------------------------------
+
+@dataclass
+class Ledger:
+    """What the topics say happened (read with a fresh bus)."""
+
+    raw: list = field(default_factory=list)  # SampleBatch, in log order
+    prepared: list = field(default_factory=list)  # PreparedBatch
+    steps: list = field(default_factory=list)  # GradientStep
+    versions: list = field(default_factory=list)  # PolicyVersion, in log order
+    dead: list = field(default_factory=list)  # DeadLetter
+
+    @classmethod
+    def read(cls, bootstrap: str) -> "Ledger":
+        from schemas.codec import Codec
+        from streams.bus.kafka import KafkaBus
+
+        codec = Codec()
+        out = cls()
+        with KafkaBus(bootstrap, client_id="faults-ledger", auto_create=False) as bus:
+            for topic, into in ((SAMPLES_RAW, out.raw), (SAMPLES_PREPARED, out.prepared),
+                                (LEARNER_STEPS, out.steps), (POLICY_VERSIONS, out.versions),
+                                (DEADLETTER, out.dead)):
+                into.extend(codec.decode(r.value) for r in bus.read_all(topic))
+        return out
+
+    @property
+    def produced_ids(self) -> list[str]:
+        return [b.batch_id for b in self.raw]
+
+    @property
+    def trained_ids(self) -> list[str]:
+        return [bid for s in self.steps for bid in s.batch_ids]
+
+    def duplicates_trained(self) -> dict[str, int]:
+        return {b: n for b, n in Counter(self.trained_ids).items() if n > 1}
+
+    def dead_reasons(self) -> Counter:
+        return Counter(d.reason for d in self.dead)
+
+    def counts(self) -> dict:
+        trained = set(self.trained_ids)
+        produced = set(self.produced_ids)
+        return {"produced": len(self.raw), "produced_unique": len(produced), "prepared": len(self.prepared),
+                "prepared_unique": len({p.sample.batch_id for p in self.prepared}),
+                "gradient_steps": len(self.steps), "trained": len(self.trained_ids),
+                "trained_unique": len(trained), "duplicates_trained": len(self.duplicates_trained()),
+                "duplicates_skipped": self.dead_reasons().get("duplicate", 0),
+                "lost": len(produced - trained), "versions": len(self.versions),
+                "dead_letters": dict(self.dead_reasons())}
+
+
+def wait_for(pred, timeout: float, what: str, every: float = 0.5, on_timeout=lambda: "") -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{on_timeout()}")
+        time.sleep(every)
+
+
+class TopicCounter:
+    """Counts records of a topic as they arrive (cheap progress checks while roles run)."""
+
+    def __init__(self, bootstrap: str, topic: str, decode=None) -> None:
+        from streams.bus.kafka import KafkaBus
+
+        self.bus = KafkaBus(bootstrap, client_id="faults-progress")
+        self.consumer = self.bus.consumer(None, [topic], start="earliest")
+        self.decode = decode
+        self.items: list = []
+
+    def poll(self) -> int:
+        with contextlib.suppress(Exception):  # the broker may be down right now
+            for r in self.consumer.poll(0.2, max_records=1000):
+                self.items.append(self.decode(r.value) if self.decode else r)
+        return len(self.items)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.consumer.close()
+            self.bus.close(timeout=5)
