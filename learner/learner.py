@@ -13,6 +13,10 @@ Exactly-once training across restarts: every snapshot stores the input offsets i
 consumed and the ids of the batches it trained on; a resumed learner seeks to those offsets,
 so batches after the snapshot are re-delivered and trained once, and a batch_id seen twice
 (an actor's retry) is skipped and counted.
+
+Nothing it consumes can stop it: an undecodable or invalid record, a duplicate, and a batch
+whose observation/action sizes the model does not have (reason ``incompatible``) are
+dead-lettered; a lag signal that cannot be read (broker down) leaves the breaker as it is.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from streams.events import EventBus
 from streams.topics import LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_PREPARED
 
 PUBLISHED_NS_HEADER = "rl-published-ns"
+REASON_INCOMPATIBLE = "incompatible"
 SEEN_IDS_KEPT = 20_000
 
 
@@ -203,6 +208,11 @@ class Learner:
                 self.consumer.dead_letter(rec, "duplicate", "DuplicateBatch", f"batch_id {bid} already trained")
                 self._offsets[(rec.topic, rec.partition)] = rec.offset + 1
                 continue
+            why = self._incompatible(pb)
+            if why is not None:  # another env's batch: training on it would raise (a poison pill)
+                self.consumer.dead_letter(rec, REASON_INCOMPATIBLE, "IncompatibleBatch", why)
+                self._offsets[(rec.topic, rec.partition)] = rec.offset + 1
+                continue
             if self._buffer and pb.sample.num_steps != self._buffer[0][1].sample.num_steps and \
                     (pb.sample.group_ids is None or self._buffer[0][1].sample.group_ids is None):
                 # fragment length changed: train on what is in first (group-mode fragments, one
@@ -215,6 +225,15 @@ class Learner:
             self._buffered += pb.sample.size
         if self._buffered >= self.config.train_batch_size:
             return self._train()
+        return None
+
+    def _incompatible(self, pb: PreparedBatch) -> str | None:
+        """Why the model cannot train on ``pb`` (observation/action sizes it does not have), or None."""
+        policy = self.algo.policy
+        obs, act = pb.sample.obs.shape[2:], pb.sample.actions.shape[2:]
+        if obs != (policy.obs_dim,) or act != (policy.act_dim,):
+            return (f"batch {pb.sample.batch_id} of {pb.sample.env_id}: observations {obs} / actions {act} "
+                    f"do not fit the model's ({policy.obs_dim},) / ({policy.act_dim},)")
         return None
 
     def _train(self) -> dict[str, float]:

@@ -72,6 +72,8 @@ def _add_training(p: argparse.ArgumentParser) -> None:
                    help="decoupled off-policy actors: pause above this stream-processor backlog (records)")
     p.add_argument("--fixed-fragments", action="store_true",
                    help="decoupled off-policy actors: no dynamic fragment length")
+    p.add_argument("--torch-threads", type=int, default=None,
+                   help="torch intra-op threads (default: 1 in decoupled role processes, torch's own co-located)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,7 +181,7 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
         log_every_s=a.log_every, device=a.device,
         streams=PrepareConfig.for_algo(a.algo, policy_id=a.policy_id, **streams_overrides), bus=bus,
         policy_id=a.policy_id, max_batches_per_version=a.max_batches_per_version, policy_wait_s=a.policy_wait,
-        max_backlog=a.max_backlog, dynamic_fragments=not a.fixed_fragments,
+        max_backlog=a.max_backlog, dynamic_fragments=not a.fixed_fragments, torch_threads=a.torch_threads,
     )
 
 
@@ -214,7 +216,7 @@ def cmd_train(a: argparse.Namespace) -> int:
     from rlstream.obs.logging import configure_logging, get_logger
     from rlstream.obs.metrics import Metrics
 
-    cfg = train_config(a)
+    cfg = train_config(a, default_bus="kafka" if a.mode == "decoupled" else "memory")
     configure_logging(role=cfg.mode, run_id=cfg.effective_run_id(), level=a.log_level, json=a.log_json)
     log = get_logger("rlstream.train")
     stop = _stop_on_signals()

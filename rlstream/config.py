@@ -147,6 +147,10 @@ class TrainConfig:
     dynamic_fragments: bool = True
     """Decoupled, off-policy, no ``fragment_steps`` given: the fragment length follows that
     backlog (``learner.batch_size.BatchSizeController``, 32..256 steps per env)."""
+    torch_threads: int | None = None
+    """Intra-op threads of torch in this process; None: 1 in the decoupled role processes (they
+    share the machine: small-MLP updates on contended cores run several times slower with more),
+    torch's default in co-located mode."""
     bus: BusConfig = field(default_factory=BusConfig)
 
     def __post_init__(self) -> None:

@@ -52,10 +52,17 @@ def quantiles_ms(values, qs=(0.5, 0.9, 0.99)) -> dict[str, Any]:
     return out
 
 
+def _set_threads(cfg: TrainConfig) -> None:
+    import torch
+
+    torch.set_num_threads(cfg.torch_threads or 1)
+
+
 def run_actor(cfg: TrainConfig, index: int, log: Any = None, stop: threading.Event | None = None,
               metrics: Metrics | None = None, health: Any = None) -> dict[str, Any]:
     """Collect and publish fragments until ``stop``, under the algorithm's flow control
     (``wiring.build_flow``): the loop heartbeats while it waits for a policy version or room."""
+    _set_threads(cfg)
     stop = stop or threading.Event()
     metrics = metrics or Metrics(role="actor")
     bus = wiring.build_bus(cfg.bus)
@@ -94,6 +101,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
                 metrics: Metrics | None = None, health: Any = None) -> dict[str, Any]:
     from learner.circuit_breaker import CircuitBreaker
 
+    _set_threads(cfg)
     stop = stop or threading.Event()
     metrics = metrics or Metrics(role="learner")
     bus = wiring.build_bus(cfg.bus)
@@ -140,7 +148,8 @@ def _role_cmd(role: str, cfg: TrainConfig, extra: list[str]) -> list[str]:
     base = [sys.executable, "-m", "rlstream.cli", role, "--bus", "kafka", "--bootstrap", cfg.bus.bootstrap,
             "--algo", cfg.algo, "--env", cfg.env_id, "--total-steps", str(cfg.total_steps),
             "--num-envs", str(cfg.num_envs), "--num-actors", str(cfg.num_actors),
-            "--train-batch-size", str(cfg.train_batch_size), "--policy-id", cfg.policy_id,
+            "--train-batch-size", str(cfg.train_batch_size), "--group-size", str(cfg.group_size),
+            "--policy-id", cfg.policy_id,
             "--policy-wait", str(cfg.policy_wait_s), "--max-backlog", str(cfg.max_backlog),
             "--seed", str(cfg.seed), "--run-dir", str(cfg.run_dir), "--log-every", str(cfg.log_every_s),
             "--run-id", cfg.effective_run_id(), "--metrics-port", "-1", "--log-json"]
@@ -150,6 +159,8 @@ def _role_cmd(role: str, cfg: TrainConfig, extra: list[str]) -> list[str]:
         base += ["--max-batches-per-version", str(cfg.max_batches_per_version)]
     if not cfg.dynamic_fragments:
         base += ["--fixed-fragments"]
+    if cfg.torch_threads:
+        base += ["--torch-threads", str(cfg.torch_threads)]
     for k, v in cfg.algo_overrides.items():
         base += ["--set", f"{k}={json.dumps(v)}"]
     return base + extra

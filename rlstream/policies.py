@@ -7,6 +7,7 @@ by claim check (Redis or a file store) with a sha256 the receiver verifies.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,19 +38,40 @@ def arch_of(policy: Policy) -> dict[str, Any]:
     }
 
 
-def policy_from_arch(arch: dict[str, Any]) -> Policy:
+def _arch_dims(arch: Any) -> list[int]:
+    """[obs_dim, *hidden, act_dim] of a gaussian_mlp architecture; InvalidEventError if it is not one."""
+    if not isinstance(arch, dict):
+        raise InvalidEventError(f"policy architecture must be an object, not {type(arch).__name__}")
     if arch.get("kind") != "gaussian_mlp":
         raise InvalidEventError(f"unsupported policy architecture {arch.get('kind')!r}")
     try:
+        dims = [int(arch["obs_dim"]), *(int(h) for h in arch["hidden"]), int(arch["act_dim"])]
+    except (KeyError, TypeError, ValueError) as e:
+        raise InvalidEventError(f"bad policy architecture {arch}: {e}") from e
+    if any(d <= 0 for d in dims):
+        raise InvalidEventError(f"bad policy architecture {arch}: sizes must be positive")
+    return dims
+
+
+def policy_from_arch(arch: dict[str, Any], max_params: int | None = None) -> Policy:
+    """Build the module of ``arch``. ``max_params``: refuse (before allocating anything) an
+    architecture whose actor layers alone hold more parameters than this -- the weights that
+    come with it: an event must not make a reader allocate what its payload cannot fill."""
+    dims = _arch_dims(arch)
+    need = sum(a * b for a, b in itertools.pairwise(dims))
+    if max_params is not None and need > max_params:
+        raise InvalidEventError(f"policy architecture {arch} needs {need} parameters; "
+                                f"its weights hold {max_params}")
+    try:
         return Policy(
-            obs_dim=int(arch["obs_dim"]),
-            act_dim=int(arch["act_dim"]),
-            hidden=tuple(int(h) for h in arch["hidden"]),
+            obs_dim=dims[0],
+            act_dim=dims[-1],
+            hidden=tuple(dims[1:-1]),
             activation=str(arch.get("activation", "tanh")),
             normalize_obs=bool(arch.get("normalize_obs", True)),
             obs_clip=arch.get("obs_clip", 10.0),
         )
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
         raise InvalidEventError(f"bad policy architecture {arch}: {e}") from e
 
 
@@ -99,7 +121,7 @@ def load_into(policy: Policy | None, pv: PolicyVersion, blob_store: BlobStore | 
     """Load the version's weights into ``policy`` (rebuilt if None or of another shape)."""
     state, arch = decode_weights(weights_bytes(pv, blob_store))
     if policy is None or arch_of(policy) != arch:
-        policy = policy_from_arch(arch)
+        policy = policy_from_arch(arch, max_params=sum(t.numel() for t in state.values()))
     try:
         policy.load_state_dict(state, strict=True)
     except RuntimeError as e:

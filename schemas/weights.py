@@ -36,7 +36,12 @@ def decode_weights(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, Any]
         if header_len <= 0 or 8 + header_len > len(data):
             raise InvalidEventError("weights payload has a bad safetensors header length")
         header = json.loads(bytes(data[8:8 + header_len]))
-        arch = json.loads(header.get("__metadata__", {}).get(ARCH_KEY, "{}"))
+        meta = header.get("__metadata__", {}) if isinstance(header, dict) else None
+        if not isinstance(meta, dict):
+            raise InvalidEventError("weights payload has a safetensors header that is not an object")
+        arch = json.loads(meta.get(ARCH_KEY, "{}"))
+        if not isinstance(arch, dict):
+            raise InvalidEventError(f"weights architecture metadata is not an object: {arch!r}"[:200])
         tensors = st_load(bytes(data))
     except InvalidEventError:
         raise

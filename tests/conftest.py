@@ -9,12 +9,15 @@ None of these -> the kafka tests fail when ``CI=true``, else they are skipped wi
 takes ``bus`` and ``new_topic`` and runs against both. Topic names carry a uuid, so tests
 never see each other's records on the shared broker.
 
-Tests that need the fixed ``streams.topics`` names on the broker (the Faust worker, the
-decoupled roles) take ``rl_topics``: it deletes every ``rl.*`` topic and the roles' consumer
-groups and creates the topics afresh, before the test and again after it, so no test sees
-another's records, offsets or policy versions. It wipes those topics on the broker the session
-uses -- run such tests against a development broker only, one session at a time. Such tests
-also use their own ``policy_id``, which the processors and the learner follow exclusively.
+Tests that need the fixed ``streams.topics`` names (the Faust worker, the decoupled roles)
+take ``rl_topics``. They run on ``rl_kafka``, a broker of this session's own (a
+``LocalKafka`` on free ports, started once, ~3 s), never on the shared one: other sessions
+(and people's decoupled runs) use the same names there. ``rl_topics`` deletes every ``rl.*``
+topic and the roles' consumer groups and creates the topics afresh, before the test and again
+after it, so no test sees another's records, offsets or policy versions. Such tests also use
+their own ``policy_id``, which the processors and the learner follow exclusively. Where no
+private broker can start (no java), ``rl_kafka`` falls back to ``kafka_bootstrap`` -- the resets
+then wipe the ``rl.*`` topics of that broker.
 """
 
 from __future__ import annotations
@@ -170,17 +173,44 @@ def new_topic(bus, request):
 ROLE_GROUPS = ("rlstream-streams", "learner")
 
 
+@pytest.fixture(scope="session")
+def rl_kafka(request, tmp_path_factory):
+    """Bootstrap servers of a broker private to this session, for the tests on the fixed topic
+    names (see the module docstring)."""
+    from rlstream.broker import BrokerError, LocalKafka
+
+    kafka = None
+    try:
+        kafka = LocalKafka(port=_free_port_pair(), data_dir=tmp_path_factory.mktemp("rl-kafka"), quiet=True,
+                           heap=("-Xms128m", "-Xmx512m"))
+        kafka.start(timeout=180)
+    except (BrokerError, OSError, RuntimeError) as e:
+        if kafka is not None:
+            with contextlib.suppress(Exception):
+                kafka.kill()
+        import warnings
+
+        warnings.warn(f"no private Kafka for the fixed-topic tests ({str(e).splitlines()[0]}); "
+                      "using the session broker, whose rl.* topics they reset")
+        yield request.getfixturevalue("kafka_bootstrap")
+        return
+    try:
+        yield kafka.bootstrap
+    finally:
+        kafka.kill()  # its data dir is thrown away
+
+
 @pytest.fixture
-def rl_topics(kafka_bootstrap):
-    """Fresh, empty ``rl.*`` topics and no role group offsets on the session broker, before and
-    after the test (see the module docstring); yields the bootstrap servers."""
+def rl_topics(rl_kafka):
+    """Fresh, empty ``rl.*`` topics and no role group offsets on ``rl_kafka``, before and after
+    the test (see the module docstring); yields the bootstrap servers."""
     from streams.bus.kafka import KafkaBus
     from streams.topics import all_topics
 
     def reset() -> None:
-        with KafkaBus(kafka_bootstrap, client_id="rlstream-test-reset") as admin:
+        with KafkaBus(rl_kafka, client_id="rlstream-test-reset") as admin:
             admin.reset_topics(all_topics(), groups=ROLE_GROUPS)
 
     reset()
-    yield kafka_bootstrap
+    yield rl_kafka
     reset()

@@ -38,6 +38,11 @@ class RecordTooLargeError(BusError):
     """A record exceeds the configured maximum message size."""
 
 
+class BusAuthenticationError(BusError):
+    """The broker refused this client's credentials (SASL / SSL): a setting to fix, not a
+    fault to wait out."""
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     topic: str

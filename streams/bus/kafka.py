@@ -26,6 +26,10 @@ How the memory semantics (``streams.bus.base``) map onto Kafka:
   (``UNKNOWN_MEMBER_ID``/``ILLEGAL_GENERATION`` after a rebalance or a broker restart) is
   dropped with a warning (``commit_failures`` counts both): the records are redelivered, at
   least once, as after a crash. Other commit errors raise ``BusError``.
+- a refused login (wrong SASL credentials) makes an operation that fails or times out raise
+  ``BusAuthenticationError``, naming the settings in use, instead of a bare timeout
+  (librdkafka only logs the refusal and retries); ``create_topics``, the first call of every
+  role (``rlstream.wiring.build_bus``), fails that way within about ``AUTH_GRACE_S``.
 - ``group=None`` readers take every partition with ``assign`` (no group join, no commit), under
   a unique throw-away ``group.id``.
 - explicit and ``seek`` offsets are clamped into [low, high] watermark, as memory clamps.
@@ -57,6 +61,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from streams.bus.base import (
     TP,
     Bus,
+    BusAuthenticationError,
     BusError,
     Consumer,
     Record,
@@ -140,6 +145,10 @@ _TRANSIENT = {KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
               KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.REQUEST_TIMED_OUT, KafkaError._TRANSPORT,
               KafkaError._TIMED_OUT, KafkaError._WAIT_COORD, KafkaError._ALL_BROKERS_DOWN}
 COMMIT_RETRY_S = 10.0
+# A refused login that persists this long (nothing succeeding meanwhile) fails the operation
+# waiting on the broker with BusAuthenticationError; shorter ones (a broker that has not loaded
+# its SCRAM credentials yet) are ridden out.
+AUTH_GRACE_S = 2.0
 _KEEP_ERRORS = 100  # delivery errors kept for the report in flush (all are counted)
 
 
@@ -185,8 +194,11 @@ class KafkaBus(Bus):
         self._unraised = 0  # how many: _failed keeps the first _KEEP_ERRORS
         self.delivery_failures = 0  # every failed delivery since the bus was made
         self._fatal: KafkaError | None = None
+        self._auth_error: KafkaError | None = None  # the broker refused our credentials...
+        self._auth_since = 0.0  # ...since then, with nothing succeeding meanwhile
         self._known: dict[str, int] = {}  # topic -> partitions, seen in metadata
         self._meta: _RdConsumer | None = None  # for watermark queries
+        self._group_readers: dict[str, _RdConsumer] = {}  # group -> committed-offset reader (group_lag)
         self._closed = False
 
     # -- callbacks (run inside producer.poll/flush) ----------------------------------------
@@ -201,15 +213,55 @@ class KafkaBus(Bus):
         log.warning("kafka delivery to %s failed: %s", msg.topic(), err)
 
     def _on_error(self, err: KafkaError) -> None:
+        self._note_auth(err)
         if err.fatal():
             self._fatal = err
             log.error("kafka producer fatal error: %s", err)
         else:
             log.warning("kafka producer: %s", err)
 
-    @staticmethod
-    def _on_client_error(err: KafkaError) -> None:
+    def _on_client_error(self, err: KafkaError) -> None:
+        self._note_auth(err)
         log.warning("kafka client: %s", err)
+
+    # -- authentication ---------------------------------------------------------------------
+    def _note_auth(self, err: KafkaError) -> None:
+        """Remember a refused login (any client's error callback): librdkafka only logs it and
+        retries forever, so without this a wrong password looks like a broker that times out."""
+        if err.code() == KafkaError._AUTHENTICATION:
+            if self._auth_error is None:
+                self._auth_since = time.monotonic()
+            self._auth_error = err
+
+    def _auth_ok(self) -> None:
+        """Something succeeded: a refused login seen before was transient (a broker starting)."""
+        self._auth_error = None
+
+    def check_auth(self) -> None:
+        """Raise ``BusAuthenticationError`` if the broker has refused our credentials for
+        ``AUTH_GRACE_S`` with nothing succeeding since (the message names the settings in use,
+        never the password)."""
+        self._admin.poll(0)  # serve the admin client's error callbacks
+        err = self._auth_error
+        if err is None or time.monotonic() - self._auth_since < AUTH_GRACE_S:
+            return
+        c = self.common
+        used = ", ".join(f"{k}={c[k]}" for k in ("security.protocol", "sasl.mechanism", "sasl.mechanisms",
+                                                   "sasl.username") if k in c) or "no security settings"
+        raise BusAuthenticationError(
+            f"Kafka at {self.bootstrap} refused the credentials ({used}): {err.str()}; "
+            "check RLSTREAM_KAFKA_SECURITY_PROTOCOL and RLSTREAM_KAFKA_SASL_* / RLSTREAM_KAFKA_SSL_*")
+
+    def _wait(self, fut: Any, timeout: float) -> Any:
+        """``fut.result()``, failing fast with ``BusAuthenticationError`` on a refused login."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return fut.result(timeout=0.2)
+            except TimeoutError:
+                self.check_auth()
+                if time.monotonic() > deadline:
+                    raise BusError(f"no answer from {self.bootstrap} within {timeout:.0f}s") from None
 
     # -- topics -----------------------------------------------------------------------------
     def create_topics(self, specs: Iterable[TopicSpec], timeout: float = 30.0) -> None:
@@ -226,11 +278,13 @@ class KafkaBus(Bus):
         futures = self._admin.create_topics(new, request_timeout=timeout, operation_timeout=timeout)
         for name, fut in futures.items():
             try:
-                fut.result()
+                self._wait(fut, timeout + 5)
             except KafkaException as e:
                 err = _err(e)
                 if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    self.check_auth()
                     raise BusError(f"cannot create topic {name}: {e}") from e
+        self._auth_ok()
         self._wait_topics({s.name: max(1, s.partitions) for s in specs}, timeout)
 
     def delete_topics(self, names: Iterable[str], timeout: float = 30.0) -> None:
@@ -320,6 +374,7 @@ class KafkaBus(Bus):
         try:
             md = self._admin.list_topics(topic=topic, timeout=_TIMEOUT).topics.get(topic)
         except KafkaException as e:
+            self.check_auth()
             raise BusError(f"cannot read metadata of {topic} from {self.bootstrap}: {e}") from e
         if md is not None and md.error is None and md.partitions:
             self._known[topic] = len(md.partitions)
@@ -344,22 +399,30 @@ class KafkaBus(Bus):
             return self._meta.get_watermark_offsets(TopicPartition(topic, partition), timeout=_TIMEOUT,
                                                     cached=False)
         except KafkaException as e:
+            self.check_auth()
             raise BusError(f"cannot read offsets of {topic}[{partition}]: {e}") from e
 
     def end_offsets(self, topic: str) -> dict[int, int]:
         return {p: self._watermarks(topic, p)[1] for p in range(self._partitions(topic))}
 
     def group_lag(self, group: str, topic: str) -> int:
-        """End offsets minus the group's committed offsets (from the log start where none)."""
-        from confluent_kafka import ConsumerGroupTopicPartitions
+        """End offsets minus the group's committed offsets (from the log start where none).
 
+        The committed offsets come from a consumer of that ``group.id`` that never subscribes
+        (an OffsetFetch; it does not join the group), not from the admin API: admin group
+        requests that time out while the broker is down abort the process in librdkafka
+        (confluentinc/librdkafka#4605), and the lag is read while the broker may be down."""
         parts = range(self._partitions(topic))
-        req = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in parts])
+        with self._lock:
+            reader = self._group_readers.get(group)
+            if reader is None:
+                reader = self._group_readers[group] = _RdConsumer(
+                    {**self.consumer_config, "group.id": group, "error_cb": self._on_client_error})
         try:
-            fut = self._admin.list_consumer_group_offsets([req], request_timeout=_TIMEOUT)[group]
-            committed = {tp.partition: tp.offset for tp in fut.result(timeout=_TIMEOUT).topic_partitions}
+            res = reader.committed([TopicPartition(topic, p) for p in parts], timeout=_TIMEOUT)
         except KafkaException as e:
             raise BusError(f"cannot read committed offsets of group {group} on {topic}: {e}") from e
+        committed = {tp.partition: tp.offset for tp in res if tp.error is None}
         lag = 0
         for p in parts:
             low, high = self._watermarks(topic, p)
@@ -406,6 +469,7 @@ class KafkaBus(Bus):
         self._producer.poll(0)
 
     def flush(self, timeout: float = 30.0) -> None:
+        queued = len(self._producer)
         left = self._producer.flush(timeout)
         with self._lock:
             failed, self._failed = self._failed, []
@@ -421,7 +485,10 @@ class KafkaBus(Bus):
         if self._fatal is not None:
             raise BusError(f"kafka producer failed fatally: {self._fatal}")
         if left:
+            self.check_auth()
             raise BusError(f"{left} record(s) not delivered within {timeout}s to {self.bootstrap}")
+        if queued:
+            self._auth_ok()
 
     # -- consume ----------------------------------------------------------------------------
     def consumer(self, group: str | None, topics: list[str], start: StartAt = "earliest") -> "KafkaConsumer":
@@ -442,6 +509,9 @@ class KafkaBus(Bus):
             if self._meta is not None:
                 self._meta.close()
                 self._meta = None
+            for reader in self._group_readers.values():
+                reader.close()
+            self._group_readers.clear()
 
 
 class KafkaConsumer(Consumer):
@@ -531,6 +601,7 @@ class KafkaConsumer(Consumer):
         consumer.unassign()
 
     def _on_error(self, err: KafkaError) -> None:
+        self.bus._note_auth(err)
         log.warning("kafka consumer (%s): %s", self.group, err)
 
     # -- consume --------------------------------------------------------------------------------
@@ -548,6 +619,8 @@ class KafkaConsumer(Consumer):
                         msgs += c.consume(max_records - 1, 0)
         except KafkaException as e:
             raise BusError(f"consume failed: {e}") from e
+        if msgs:
+            self.bus._auth_ok()
         out: list[Record] = []
         positions, polled = self._positions, self._polled
         for m in msgs:

@@ -119,3 +119,19 @@ def test_group_mode_gives_each_group_one_start_state(events):
 def test_make_vector_env_rejects_unknown_env():
     with pytest.raises(ValueError, match="cannot make environment"):
         make_vector_env("NoSuchEnv-v0", 1)
+
+
+def test_group_mode_ends_the_fragment_once_every_rollout_is_done(events):
+    # a random policy drops InvertedPendulum within a few dozen steps, far below the 1000 asked for
+    actor = Actor(ActorConfig(env_id="InvertedPendulum-v5", num_envs=4, fragment_steps=1000, group_size=2),
+                  PolicySubscriber(events, "policy", "actor"), events)
+    publish_policy(events, 0, Policy(4, 1))
+    b = actor.step()
+    done = b.terminated | b.truncated
+    assert b.num_steps < 1000 and done.any(0).all()  # each column (rollout) ended inside
+    assert done[-1].any()  # ... and the fragment stops at the step the last one ended
+    assert actor.steps == b.num_steps * 4
+    # only each column's first episode is reported: later ones are cut short by the early end
+    first_end = done.argmax(0)
+    assert sorted(b.episode_lengths) == sorted((first_end + 1).tolist())
+    assert len(b.episode_returns) == 4

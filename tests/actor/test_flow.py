@@ -117,6 +117,7 @@ def publish_policy(events: EventBus, version: int) -> None:
 def make_actor(events: EventBus, flow, fragment_steps: int = 16) -> Actor:
     sub = PolicySubscriber(events, policy_id="policy", stage="test")
     cfg = ActorConfig(actor_id="actor-0", env_id="Pendulum-v1", fragment_steps=fragment_steps)
+    assert sub.wait_for(0, timeout=5.0)
     return Actor(cfg, sub, events, env=make_vector_env("Pendulum-v1", 1), flow=flow)
 
 
@@ -124,7 +125,7 @@ def test_actor_waits_for_a_newer_version_after_its_share(events):
     publish_policy(events, 0)
     actor = make_actor(events, OnPolicySync(max_batches_per_version=2, max_wait_s=60, poll_s=0.01))
     try:
-        got = [actor.step(0.5) for _ in range(4)]
+        got = [actor.step() for _ in range(4)]
         assert [b.policy_version for b in got if b is not None] == [0, 0]
         assert got[2] is None and got[3] is None
         publish_policy(events, 1)
@@ -153,13 +154,13 @@ def test_dynamic_fragment_length_grows_under_backlog_and_shrinks_when_drained(ev
     slow = bus.consumer(STREAMS_GROUP, [SAMPLES_RAW])  # the stream processors, stalled
 
     def gauge() -> float:
-        m = re.search(r'^rlstream_batch_size\{role="actor"\} (\S+)$', metrics.render().decode(), re.M)
+        m = re.search(r'^rlstream_batch_size\{role="actor"\} (\S+)$', metrics.render().decode(), re.MULTILINE)
         return float(m.group(1))
 
     try:
         lengths = []
         while flow.sizes.size < 256:
-            b = actor.step(0.5)
+            b = actor.step()
             lengths.append(b.num_steps)
             assert len(lengths) < 40, f"never grew to 256: {sizes}"
         assert lengths[0] == 32 and sorted(set(sizes)) == [32, 64, 128, 256]
@@ -168,7 +169,7 @@ def test_dynamic_fragment_length_grows_under_backlog_and_shrinks_when_drained(ev
         while flow.sizes.size > 32:
             slow.poll(0.0, max_records=10_000)  # caught up: read and commit everything
             slow.commit()
-            b = actor.step(0.5)
+            b = actor.step()
             assert b is not None and len(sizes) - grown < 40, f"never shrank to 32: {sizes[grown:]}"
         shrink = sizes[grown:]
         assert shrink == sorted(shrink, reverse=True) and shrink[-1] == 32 and gauge() == 32

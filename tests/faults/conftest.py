@@ -35,7 +35,13 @@ from pathlib import Path
 
 import pytest
 
-from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW
+from streams.topics import (
+    DEADLETTER,
+    LEARNER_STEPS,
+    POLICY_VERSIONS,
+    SAMPLES_PREPARED,
+    SAMPLES_RAW,
+)
 
 ENV_ID = "Pendulum-v1"  # obs 3, act 1: the cheapest continuous-control env gymnasium has
 FRAGMENT = 32  # steps per SampleBatch (one env)
@@ -158,19 +164,29 @@ class Role:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
-class StreamsThread:
-    """The prepare pipeline (``PrepareWorker``) over its own KafkaBus, in a thread; errors that
-    escape a step are recorded, and the worker is rebuilt when ``restart_on_error`` (what a
-    supervisor would do with a crashed streams process)."""
+class SimulatedCrash(Exception):
+    """Raised inside the streams worker by ``StreamsThread.crash_once``."""
 
-    def __init__(self, bootstrap: str, restart_on_error: bool = False) -> None:
+
+class StreamsThread:
+    """The prepare pipeline (``PrepareWorker``) over its own KafkaBus, in a thread. An error
+    that escapes a step ends the thread (recorded in ``errors``); ``crash_once`` kills the
+    worker the way a crashed streams process dies -- after it published a prepared batch and
+    before it committed the raw offset -- and starts a fresh one (a supervisor's restart), which
+    prepares those records again: the learner sees the copies."""
+
+    def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
-        self.restart_on_error = restart_on_error
         self.errors: list[str] = []
+        self.crashes = 0
         self.workers: list = []
+        self._crash_armed = False
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self._run, name="streams", daemon=True)
         self.thread.start()
+
+    def crash_once(self) -> None:
+        self._crash_armed = True
 
     def _worker(self):
         from rlstream.wiring import build_events
@@ -187,6 +203,16 @@ class StreamsThread:
         cfg = PrepareConfig.for_algo("ppo", max_versions=1_000_000, max_ms=None)
         prepare = Prepare.from_config(cfg, PolicyLogpFn.from_policy_version)
         w = PrepareWorker(events, prepare, group=STREAMS_GROUP)
+        commit, published = w._commit, [0]
+
+        def crashing_commit() -> None:
+            if self._crash_armed and w.published > published[0]:
+                self._crash_armed = False
+                raise SimulatedCrash("streams worker died after publishing, before committing")
+            published[0] = w.published
+            commit()
+
+        w._commit = crashing_commit
         self.workers.append(w)
         return bus, w
 
@@ -196,16 +222,17 @@ class StreamsThread:
             try:
                 while not self.stop_event.is_set():
                     w.step(0.1)
-                w.close()
-                bus.close(timeout=10)
                 return
-            except Exception as e:
+            except SimulatedCrash:
+                self.crashes += 1
+            except Exception as e:  # noqa: BLE001 -- any error ends the thread; the test reports it
                 self.errors.append(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+                return
+            finally:
                 with contextlib.suppress(Exception):
-                    w.close()
-                if not self.restart_on_error:
-                    return
-                time.sleep(0.5)
+                    w.close()  # leaves the group without committing anything more
+                with contextlib.suppress(Exception):
+                    bus.close(timeout=10)
 
     @property
     def alive(self) -> bool:
@@ -218,6 +245,7 @@ class StreamsThread:
             out["received"] += s.received_batches
             out["emitted"] += s.emitted_batches
             out["restarts"] += s.reorder.restarts
+            out["workers"] += 1
             for k, v in s.drops.items():
                 out[f"drop_{k}"] += v
         return dict(out)
@@ -263,8 +291,8 @@ class Rig:
     def actor(self, index: int = 0) -> Role:
         return self._spawn(f"actor-{index}", self._cmd("actor", "--index", str(index)))
 
-    def start_streams(self, restart_on_error: bool = False) -> StreamsThread:
-        self.streams = StreamsThread(self.bootstrap, restart_on_error)
+    def start_streams(self) -> StreamsThread:
+        self.streams = StreamsThread(self.bootstrap)
         return self.streams
 
     def close(self) -> None:
@@ -298,7 +326,7 @@ class Ledger:
     dead: list = field(default_factory=list)  # DeadLetter
 
     @classmethod
-    def read(cls, bootstrap: str) -> "Ledger":
+    def read(cls, bootstrap: str) -> Ledger:
         from schemas.codec import Codec
         from streams.bus.kafka import KafkaBus
 
@@ -335,6 +363,28 @@ class Ledger:
                 "duplicates_skipped": self.dead_reasons().get("duplicate", 0),
                 "lost": len(produced - trained), "versions": len(self.versions),
                 "dead_letters": dict(self.dead_reasons())}
+
+
+def check_trained_once(ledger: Ledger) -> dict:
+    """The run's accounting, after asserting: every committed SampleBatch was trained, none
+    twice, nothing trained that was not produced, versions strictly increasing in the log."""
+    counts = ledger.counts()
+    produced, trained = set(ledger.produced_ids), set(ledger.trained_ids)
+    assert len(produced) == len(ledger.raw), "an actor published a batch_id twice"
+    assert ledger.duplicates_trained() == {}, f"trained twice: {ledger.duplicates_trained()}"
+    assert produced - trained == set(), f"{len(produced - trained)} committed batches never trained"
+    assert trained - produced == set(), "trained on batches that are not in rl.samples.raw"
+    versions = [v.version for v in ledger.versions]
+    assert versions == sorted(set(versions)), f"versions not strictly increasing: {versions}"
+    return counts
+
+
+def all_trained(raw: TopicCounter, steps: TopicCounter) -> bool:
+    """Has every SampleBatch seen so far appeared in some GradientStep?"""
+    raw.poll()
+    steps.poll()
+    trained = {i for s in steps.items for i in s.batch_ids}
+    return all(b.batch_id in trained for b in raw.items)
 
 
 def wait_for(pred, timeout: float, what: str, every: float = 0.5, on_timeout=lambda: "") -> None:

@@ -181,6 +181,18 @@ def test_settings_and_credentials():
         faust_credentials({"security.protocol": "BOGUS"})
 
 
+def test_policy_reader_gets_the_same_security_settings():
+    from streams.faust_app import aiokafka_security
+
+    assert aiokafka_security({}) == {}
+    sasl = aiokafka_security({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                              "sasl.username": "svc", "sasl.password": "pw"})
+    assert sasl == {"security_protocol": "SASL_PLAINTEXT", "ssl_context": None, "sasl_mechanism": "PLAIN",
+                    "sasl_plain_username": "svc", "sasl_plain_password": "pw"}
+    tls = aiokafka_security({"security.protocol": "SSL"})
+    assert tls["security_protocol"] == "SSL" and tls["ssl_context"] is not None
+
+
 def test_security_settings_come_from_the_bus_env(monkeypatch):
     pytest.importorskip("streams.bus.kafka")
     monkeypatch.setenv("RLSTREAM_KAFKA_SECURITY_PROTOCOL", "SASL_PLAINTEXT")

@@ -1,0 +1,223 @@
+"""Every algorithm side by side with PPO: return after the same env-step budget, same seeds,
+each trained by ``run_colocated`` (what ``rlstream train --mode colocated --algo X`` runs: the
+algorithm's run defaults from ``rlstream.config.ALGO_DEFAULTS``, every event on the file-backed
+memory bus), then DPO trained offline on a PPO run's recorded samples (``rlstream replay
+--train-dpo``) against its reference policy.
+
+Env: InvertedPendulum-v5 by default. It is the MuJoCo task where every algorithm here moves
+clearly within a budget that fits a few minutes per algorithm on 2 CPU cores (PPO ~10 -> ~700 in
+30k steps); on HalfCheetah-v5 the group algorithms get one update per 8 x 1000 steps, so at any
+affordable budget the table would mostly show noise.
+
+Per run: ``train_last20`` is the mean return of the last 20 training episodes (stochastic
+policy, as collected); ``eval`` is the final PolicyVersion's mean return over ``--eval-episodes``
+episodes with the mean action, on the same eval seeds for every row. Rows give the mean and std
+over seeds. ``dpo`` rows evaluate, per PPO seed, the DPO policy and its reference (the policy
+version that generated most of the preference pairs) the same way.
+
+    python bench/algorithms.py --env InvertedPendulum-v5 --steps 50000 --seeds 0,1,2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from rlstream.colocated import run_colocated
+from rlstream.config import BusConfig, TrainConfig
+from rlstream.policies import load_into, policy_from_arch
+from rlstream.replay import run_replay
+from schemas.events import PolicyVersion
+from schemas.weights import decode_weights
+from streams.bus import make_bus
+from streams.events import EventBus
+from schemas.codec import Codec
+from streams.topics import POLICY_VERSIONS
+
+# row name -> (algo, TrainConfig overrides, algorithm overrides)
+CASES = {
+    "ppo": ("ppo", {}, {}),
+    "grpo": ("grpo", {}, {}),
+    "dapo": ("dapo", {}, {}),
+    "agro": ("agro", {}, {}),
+    "tba": ("tba", {}, {}),
+    "tba-tb": ("tba", {"num_envs": 8, "group_size": 8, "train_batch_size": 512}, {"objective": "tb"}),
+}
+EVAL_SEED = 10_000
+
+
+@torch.no_grad()
+def evaluate(policy, env_id: str, episodes: int) -> list[float]:
+    """Mean-action returns of ``policy`` on ``episodes`` episodes seeded EVAL_SEED + i."""
+    env = gym.make(env_id)
+    low, high = env.action_space.low, env.action_space.high
+    out = []
+    try:
+        for i in range(episodes):
+            obs, _ = env.reset(seed=EVAL_SEED + i)
+            total, done = 0.0, False
+            while not done:
+                a, _, _ = policy.act(torch.as_tensor(obs, dtype=torch.float32).unsqueeze(0), deterministic=True)
+                obs, r, term, trunc, _ = env.step(np.clip(a[0].numpy(), low, high))
+                total += float(r)
+                done = term or trunc
+            out.append(total)
+    finally:
+        env.close()
+    return out
+
+
+def policy_versions(log_dir: Path) -> dict[int, PolicyVersion]:
+    bus = make_bus("memory", path=str(log_dir))
+    try:
+        events = EventBus(bus, Codec())
+        return {pv.version: pv for pv in (events.codec.decode(r.value) for r in bus.read_all(POLICY_VERSIONS))}
+    finally:
+        bus.close()
+
+
+def train_one(name: str, env_id: str, steps: int, seed: int, out: Path, episodes: int) -> dict:
+    algo, run, overrides = CASES[name]
+    run_dir = out / f"{name}-seed{seed}"
+    cfg = TrainConfig(algo=algo, env_id=env_id, total_steps=steps, seed=seed, run_dir=run_dir, log_every_s=1e9,
+                      snapshot_every=0, metrics_port=-1, algo_overrides=overrides,
+                      bus=BusConfig(log_dir=str(run_dir / "log")), **run)
+    t0 = time.perf_counter()
+    summary = run_colocated(cfg)
+    wall = time.perf_counter() - t0
+    returns = json.loads((run_dir / "curve.json").read_text())["returns"]
+    versions = policy_versions(run_dir / "log")
+    final = versions[max(versions)]
+    ev = evaluate(load_into(None, final), env_id, episodes)
+    return {"name": name, "algo": algo, "seed": seed, "steps": summary["steps"], "updates": summary["updates"],
+            "episodes": len(returns), "train_first20": float(np.mean(returns[:20])),
+            "train_last20": float(np.mean(returns[-20:])), "eval": float(np.mean(ev)),
+            "wall_s": round(wall, 1), "sps": round(summary["steps"] / wall, 1),
+            "run": {"num_envs": cfg.num_envs, "group_size": cfg.group_size,
+                    "fragment_steps": cfg.effective_fragment_steps(), "train_batch_size": cfg.train_batch_size},
+            "log_dir": str(run_dir / "log")}
+
+
+def dpo_one(ppo: dict, env_id: str, episodes: int, beta: float, epochs: int, segment: int) -> dict:
+    log_dir = Path(ppo["log_dir"])
+    out = log_dir.parent / "dpo"
+    t0 = time.perf_counter()
+    summary = run_replay(BusConfig(kind="memory", log_dir=str(log_dir)), train=True, beta=beta, epochs=epochs,
+                         segment=segment, out=out, seed=ppo["seed"])
+    wall = time.perf_counter() - t0
+    dpo = summary["dpo"]
+    state, arch = decode_weights((out / "policy.safetensors").read_bytes())
+    policy = policy_from_arch(arch)
+    policy.load_state_dict(state)
+    ref_version = dpo["reference"]["version"]
+    ref = load_into(None, policy_versions(log_dir)[ref_version]) if ref_version is not None else None
+    return {"name": "dpo", "seed": ppo["seed"], "pairs": summary["pairs_built"], "reference_version": ref_version,
+            "heldout_reward_accuracy": dpo.get("heldout_reward_accuracy"),
+            "eval": float(np.mean(evaluate(policy, env_id, episodes))),
+            "eval_reference": float(np.mean(evaluate(ref, env_id, episodes))) if ref is not None else None,
+            "wall_s": round(wall, 1)}
+
+
+def _ms(xs: list[float]) -> dict:
+    xs = [x for x in xs if x is not None]
+    return {"mean": round(float(np.mean(xs)), 1), "std": round(float(np.std(xs)), 1)} if xs else {}
+
+
+def table(runs: list[dict], dpos: list[dict]) -> tuple[list[dict], str]:
+    rows = []
+    for name in dict.fromkeys(r["name"] for r in runs):
+        rs = [r for r in runs if r["name"] == name]
+        rows.append({"name": name, "seeds": [r["seed"] for r in rs], "run": rs[0]["run"],
+                     "train_last20": _ms([r["train_last20"] for r in rs]), "eval": _ms([r["eval"] for r in rs]),
+                     "updates": _ms([r["updates"] for r in rs]), "wall_s": _ms([r["wall_s"] for r in rs]),
+                     "sps": _ms([r["sps"] for r in rs])})
+    ppo_eval = next((r["eval"]["mean"] for r in rows if r["name"] == "ppo"), None)
+    lines = ["| algorithm | envs x group, fragment, batch | train return (last 20) | eval return | vs PPO eval "
+             "| updates | wall s | SPS |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        run = r["run"]
+        shape = f"{run['num_envs']} x {run['group_size'] or '-'}, {run['fragment_steps']}, {run['train_batch_size']}"
+        rel = f"{r['eval']['mean'] / ppo_eval:.2f}" if ppo_eval else "-"
+        lines.append(f"| {r['name']} | {shape} | {r['train_last20']['mean']:.1f} ± {r['train_last20']['std']:.1f} "
+                     f"| {r['eval']['mean']:.1f} ± {r['eval']['std']:.1f} | {rel} | {r['updates']['mean']:.0f} "
+                     f"| {r['wall_s']['mean']:.1f} | {r['sps']['mean']:.0f} |")
+    if dpos:
+        d = {"name": "dpo (replay of the ppo runs)", "seeds": [x["seed"] for x in dpos],
+             "eval": _ms([x["eval"] for x in dpos]), "eval_reference": _ms([x["eval_reference"] for x in dpos]),
+             "pairs": _ms([x["pairs"] for x in dpos]), "reference_version": [x["reference_version"] for x in dpos],
+             "heldout_reward_accuracy": _ms([x["heldout_reward_accuracy"] for x in dpos]),
+             "wall_s": _ms([x["wall_s"] for x in dpos])}
+        rows.append(d)
+        ref = d["eval_reference"]
+        refs = ", ".join(f"v{v}" for v in d["reference_version"])
+        rel = f"x{d['eval']['mean'] / ref['mean']:.2f} of its reference" if ref.get("mean") else "-"
+        lines.append(f"| dpo (offline, replayed ppo samples) | {d['pairs']['mean']:.0f} pairs | - "
+                     f"| {d['eval']['mean']:.1f} ± {d['eval']['std']:.1f} (reference {refs}: "
+                     f"{ref.get('mean', float('nan')):.1f} ± {ref.get('std', float('nan')):.1f}) | {rel} | - "
+                     f"| {d['wall_s']['mean']:.1f} | - |")
+    return rows, "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--env", default="InvertedPendulum-v5")
+    ap.add_argument("--steps", type=int, default=50_000, help="env steps per run")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--algos", default=",".join(CASES), help=f"comma-separated, of {sorted(CASES)}")
+    ap.add_argument("--eval-episodes", type=int, default=10)
+    ap.add_argument("--no-dpo", action="store_true", help="skip DPO on the PPO runs' samples")
+    ap.add_argument("--dpo-beta", type=float, default=0.1)
+    ap.add_argument("--dpo-epochs", type=int, default=20)
+    ap.add_argument("--dpo-segment", type=int, default=8,
+                    help="segment length of the preference pairs (InvertedPendulum pays +1 per step "
+                         "alive, so segments only differ in return when the pole falls inside one: "
+                         "at 32, few pairs survive the tie filter)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=None, help="default: runs/bench-algorithms/<time>")
+    ap.add_argument("--render", type=Path, default=None, help="only print the table of a saved algorithms.json")
+    args = ap.parse_args()
+    if args.render is not None:
+        saved = json.loads(args.render.read_text())
+        print(table(saved["runs"], saved["dpo"])[1])
+        return
+    torch.set_num_threads(args.threads)
+    out = args.out or Path("runs/bench-algorithms") / time.strftime("%Y%m%d-%H%M%S")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    names = [n for n in args.algos.split(",") if n]
+    if "ppo" not in names:
+        names.insert(0, "ppo")
+    t0 = time.perf_counter()
+    runs, dpos = [], []
+    for name in names:
+        for seed in seeds:
+            r = train_one(name, args.env, args.steps, seed, out, args.eval_episodes)
+            runs.append(r)
+            print(json.dumps({"run": r}), flush=True)
+    if not args.no_dpo:
+        for r in runs:
+            if r["name"] == "ppo":
+                d = dpo_one(r, args.env, args.eval_episodes, args.dpo_beta, args.dpo_epochs, args.dpo_segment)
+                dpos.append(d)
+                print(json.dumps({"dpo": d}), flush=True)
+    rows, md = table(runs, dpos)
+    doc = {"bench": "algorithms", "env": args.env, "steps_per_run": args.steps, "seeds": seeds,
+           "eval_episodes": args.eval_episodes, "eval": "mean action, episodes seeded 10000 + i",
+           "host": {"cpus": __import__("os").cpu_count(), "python": platform.python_version(),
+                    "torch": torch.__version__, "threads": args.threads},
+           "total_wall_s": round(time.perf_counter() - t0, 1), "rows": rows, "runs": runs, "dpo": dpos}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "algorithms.json").write_text(json.dumps(doc, indent=2))
+    (out / "algorithms.md").write_text(md + "\n")
+    print(json.dumps(doc, indent=2))
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
