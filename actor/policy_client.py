@@ -45,19 +45,18 @@ class PolicySubscriber:
 
     def poll(self, timeout: float = 0.0) -> bool:
         """Adopt the newest version available within ``timeout``; True if one was adopted."""
-        newest = None
-        for rec, pv in self.consumer.poll(timeout, max_records=1000):
-            if pv.policy_id != self.policy_id or pv.version < self.from_version:
-                continue
-            if pv.version > self.version and (newest is None or pv.version > newest[1].version):
-                newest = (rec, pv)
-        if newest is None:
-            return False
-        rec, pv = newest
-        try:
-            self.policy = load_into(self.policy, pv, self.blob_store)
-        except CodecError as e:
-            self.consumer.dead_letter(rec, e.reason, e)
+        candidates = [(rec, pv) for rec, pv in self.consumer.poll(timeout, max_records=1000)
+                      if pv.policy_id == self.policy_id and pv.version >= self.from_version
+                      and pv.version > self.version]
+        # newest first; a version whose weights do not load is dead-lettered and the next
+        # newest is tried, so one bad record never leaves the actor on an older policy
+        for rec, pv in sorted(candidates, key=lambda c: c[1].version, reverse=True):
+            try:
+                self.policy = load_into(self.policy, pv, self.blob_store)
+                break
+            except CodecError as e:
+                self.consumer.dead_letter(rec, e.reason, e)
+        else:
             return False
         self.version = pv.version
         self.version_created_ms = pv.created_at_ms

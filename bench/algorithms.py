@@ -209,6 +209,7 @@ def main() -> None:
     rows, md = table(runs, dpos)
     doc = {"bench": "algorithms", "env": args.env, "steps_per_run": args.steps, "seeds": seeds,
            "eval_episodes": args.eval_episodes, "eval": "mean action, episodes seeded 10000 + i",
+           "dpo_settings": {"segment": args.dpo_segment, "beta": args.dpo_beta, "epochs": args.dpo_epochs},
            "host": {"cpus": __import__("os").cpu_count(), "python": platform.python_version(),
                     "torch": torch.__version__, "threads": args.threads},
            "total_wall_s": round(time.perf_counter() - t0, 1), "rows": rows, "runs": runs, "dpo": dpos}

@@ -89,8 +89,9 @@ class Learner:
         self.version = -1  # newest version this learner published
         self.model_version = -1  # version whose weights the algorithm holds
         self._seen: OrderedDict[str, None] = OrderedDict()
-        self._buffer: list[tuple[Record, PreparedBatch]] = []
-        self._buffered = 0
+        # fragments waiting for an update, by what stacks together (see _bucket_key)
+        self._buckets: dict[object, list[tuple[Record, PreparedBatch]]] = {}
+        self._bucket_sizes: dict[object, int] = {}
         self._stream_ids = StreamIds()
         self._offsets: dict[tuple[str, int], int] = {}
         self.consumer = None
@@ -153,8 +154,7 @@ class Learner:
     def rollback(self, to_version: int) -> int:
         """Restore snapshot ``to_version`` and publish it as a new version; returns that number."""
         self._restore(to_version)
-        self._buffer.clear()
-        self._buffered = 0
+        self._drop_buffered()
         return self._publish(parent=to_version)
 
     # -- the loop -----------------------------------------------------------------------------
@@ -185,8 +185,7 @@ class Learner:
             if not restored:
                 self.algo.policy.load_state_dict(policy.state_dict())
             self.version = self.model_version = pv.version
-            self._buffer.clear()  # collected under the abandoned line of versions
-            self._buffered = 0
+            self._drop_buffered()  # collected under the abandoned line of versions
             self.stats.adopted_versions += 1
 
     def step(self, timeout: float = 0.1) -> dict[str, float] | None:
@@ -201,31 +200,57 @@ class Learner:
                 self.stats.paused_polls += 1
                 time.sleep(min(timeout, 0.05))
                 return None
+        ready = None
         for rec, pb in self.consumer.poll(timeout, max_records=64):
             bid = pb.sample.batch_id
-            if bid in self._seen or any(b.sample.batch_id == bid for _, b in self._buffer):
+            if bid in self._seen or any(b.sample.batch_id == bid for bucket in self._buckets.values()
+                                        for _, b in bucket):
                 self.stats.duplicates_skipped += 1
                 self.consumer.dead_letter(rec, "duplicate", "DuplicateBatch", f"batch_id {bid} already trained")
-                self._offsets[(rec.topic, rec.partition)] = rec.offset + 1
                 continue
             why = self._incompatible(pb)
             if why is not None:  # another env's batch: training on it would raise (a poison pill)
                 self.consumer.dead_letter(rec, REASON_INCOMPATIBLE, "IncompatibleBatch", why)
-                self._offsets[(rec.topic, rec.partition)] = rec.offset + 1
                 continue
-            if self._buffer and pb.sample.num_steps != self._buffer[0][1].sample.num_steps and \
-                    (pb.sample.group_ids is None or self._buffer[0][1].sample.group_ids is None):
-                # fragment length changed: train on what is in first (group-mode fragments, one
-                # rollout per column, vary in length by design and are padded and masked instead)
-                metrics = self._train()
-                self._buffer.append((rec, pb))
-                self._buffered += pb.sample.size
-                return metrics
-            self._buffer.append((rec, pb))
-            self._buffered += pb.sample.size
-        if self._buffered >= self.config.train_batch_size:
-            return self._train()
-        return None
+            key = self._bucket_key(pb)
+            self._buckets.setdefault(key, []).append((rec, pb))
+            self._bucket_sizes[key] = self._bucket_sizes.get(key, 0) + pb.sample.size
+            if ready is None and self._bucket_sizes[key] >= self.config.train_batch_size:
+                ready = key
+        if ready is None:
+            ready = next((k for k, n in self._bucket_sizes.items() if n >= self.config.train_batch_size), None)
+        return self._train(ready) if ready is not None else None
+
+    def _drop_buffered(self) -> None:
+        """After a rollback: buffered fragments were collected under the abandoned line of
+        versions; they are dead-lettered (reason ``rolled_back``), not trained, not lost."""
+        for bucket in self._buckets.values():
+            for rec, pb in bucket:
+                self.consumer.dead_letter(rec, "rolled_back", "RolledBack",
+                                          f"batch {pb.sample.batch_id} predates the rollback to version {self.version}")
+        self._buckets.clear()
+        self._bucket_sizes.clear()
+
+    @staticmethod
+    def _bucket_key(pb: PreparedBatch) -> object:
+        """Fragments train together when they stack into one [T, N] batch: same length T, or
+        group-mode fragments (one rollout per column; they vary in length and are padded)."""
+        return "groups" if pb.sample.group_ids is not None else pb.sample.num_steps
+
+    @property
+    def buffered(self) -> int:
+        """Transitions waiting for an update."""
+        return sum(self._bucket_sizes.values())
+
+    def _safe_offsets(self) -> dict[tuple[str, int], int]:
+        """Per partition, the offset before which every record is trained or dead-lettered: what
+        may be committed and recorded in a snapshot (a record still waiting in a bucket is not)."""
+        safe = dict(self.consumer.polled_upto)
+        for bucket in self._buckets.values():
+            for r, _ in bucket:
+                tp = (r.topic, r.partition)
+                safe[tp] = min(safe.get(tp, r.offset), r.offset)
+        return safe
 
     def _incompatible(self, pb: PreparedBatch) -> str | None:
         """Why the model cannot train on ``pb`` (observation/action sizes it does not have), or None."""
@@ -236,21 +261,21 @@ class Learner:
                     f"do not fit the model's ({policy.obs_dim},) / ({policy.act_dim},)")
         return None
 
-    def _train(self) -> dict[str, float]:
+    def _train(self, key: object) -> dict[str, float]:
         started = now_ms()
         t0 = time.perf_counter()
-        batches = [pb for _, pb in self._buffer]
-        records = [r for r, _ in self._buffer]
+        bucket = self._buckets.pop(key)
+        n_samples = self._bucket_sizes.pop(key)
+        batches = [pb for _, pb in bucket]
         metrics = self.algo.update(to_trajectory_batch(batches, self._stream_ids))
         self.stats.updates += 1
-        self.stats.samples_trained += self._buffered
+        self.stats.samples_trained += n_samples
         self.stats.last_metrics = metrics
         for b in batches:
             self._seen[b.sample.batch_id] = None
         while len(self._seen) > SEEN_IDS_KEPT:
             self._seen.popitem(last=False)
-        for r in records:
-            self._offsets[(r.topic, r.partition)] = r.offset + 1
+        self._offsets = self._safe_offsets()
         from_version = self.model_version
         new_version = self._publish(parent=from_version, metrics=metrics)
         step = GradientStep(
@@ -258,13 +283,11 @@ class Learner:
             to_version=new_version, algo=self.config.algo,
             losses={k: float(v) for k, v in metrics.items()},
             grad_norm=float(metrics.get("grad_norm", 0.0)), batch_ids=[b.sample.batch_id for b in batches],
-            num_samples=self._buffered, started_at_ms=started, finished_at_ms=now_ms(),
+            num_samples=n_samples, started_at_ms=started, finished_at_ms=now_ms(),
         )
         self.events.publish(LEARNER_STEPS, step, key=self.config.learner_id)
         self.events.flush()
-        self.consumer.commit(records)
-        self._buffer.clear()
-        self._buffered = 0
+        self.consumer.commit(offsets=self._offsets)
         if self.snapshots is not None and self.config.snapshot_every and \
                 self.stats.updates % self.config.snapshot_every == 0:
             self.snapshot()

@@ -122,6 +122,13 @@ def load_into(policy: Policy | None, pv: PolicyVersion, blob_store: BlobStore | 
     state, arch = decode_weights(weights_bytes(pv, blob_store))
     if policy is None or arch_of(policy) != arch:
         policy = policy_from_arch(arch, max_params=sum(t.numel() for t in state.values()))
+    # check every name and shape first: torch copies matching tensors before it raises, and a
+    # half-loaded module must never act
+    expected = {k: tuple(v.shape) for k, v in policy.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in state.items()}
+    if expected != got:
+        diff = sorted(set(expected.items()) ^ set(got.items()))[:4]
+        raise InvalidEventError(f"weights of version {pv.version} do not fit the architecture: {diff}")
     try:
         policy.load_state_dict(state, strict=True)
     except RuntimeError as e:

@@ -89,10 +89,14 @@ class EventConsumer(Generic[E]):
         self.raw = consumer
         self.stage = stage
         self.expect = expect if isinstance(expect, tuple) or expect is None else (expect,)
+        # next offset after every record polled, dead-lettered ones included, per partition
+        self.polled_upto: dict[tuple[str, int], int] = {}
 
     def poll(self, timeout: float = 1.0, max_records: int = 500) -> list[tuple[Record, E]]:
         out: list[tuple[Record, E]] = []
         for rec in self.raw.poll(timeout, max_records):
+            tp = (rec.topic, rec.partition)
+            self.polled_upto[tp] = max(self.polled_upto.get(tp, 0), rec.offset + 1)
             ev = self.decode(rec)
             if ev is not None:
                 out.append((rec, ev))
@@ -116,8 +120,8 @@ class EventConsumer(Generic[E]):
     def dead_letter(self, rec: Record, reason: str, error: BaseException | str, detail: str = "") -> None:
         self.events.dead_letters.send(rec, reason, error, self.stage, detail)
 
-    def commit(self, records: list[Record] | None = None) -> None:
-        self.raw.commit(records)
+    def commit(self, records: list[Record] | None = None, *, offsets: dict | None = None) -> None:
+        self.raw.commit(records, offsets=offsets)
 
     def lag(self) -> dict:
         return self.raw.lag()

@@ -173,14 +173,14 @@ class PrepareWorker:
         for p, o in self._held:
             if o < low.get(p, 1 << 62):
                 low[p] = o
-        recs = []
+        offsets = {}
         for p, nxt in self._polled.items():
             upto = min(nxt, low.get(p, nxt))
             if upto > self._committed.get(p, 0):
-                recs.append(Record(SAMPLES_RAW, p, upto - 1, None, b""))
+                offsets[(SAMPLES_RAW, p)] = upto
                 self._committed[p] = upto
-        if recs:
-            self.samples.commit(recs)
+        if offsets:
+            self.samples.commit(offsets=offsets)
 
     # -- loop -------------------------------------------------------------------------------
     def run(self, stop: threading.Event, timeout: float = 0.1, drain: bool = False) -> None:

@@ -82,8 +82,9 @@ class Consumer(ABC):
         """Up to ``max_records`` records; waits up to ``timeout`` s for the first one."""
 
     @abstractmethod
-    def commit(self, records: Iterable[Record] | None = None) -> None:
-        """Commit past ``records`` (their highest offset per partition), or past all polled."""
+    def commit(self, records: Iterable[Record] | None = None, *, offsets: dict[TP, int] | None = None) -> None:
+        """Commit past ``records`` (their highest offset per partition), or the next-offsets
+        ``offsets`` per partition, or (neither) past everything polled. Commits never move back."""
 
     @abstractmethod
     def committed(self) -> dict[TP, int]:

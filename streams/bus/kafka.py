@@ -643,10 +643,12 @@ class KafkaConsumer(Consumer):
                               dict(h) if h else {}, m.timestamp()[1]))
         return out
 
-    def commit(self, records: Iterable[Record] | None = None) -> None:
+    def commit(self, records: Iterable[Record] | None = None, *, offsets: dict[TP, int] | None = None) -> None:
         if self.group is None or self._closed:
             return
-        if records is None:
+        if offsets is not None:
+            upto = dict(offsets)
+        elif records is None:
             upto = dict(self._polled)
         else:
             upto = {}

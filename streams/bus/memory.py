@@ -287,10 +287,12 @@ class MemoryConsumer(Consumer):
                     return out
                 bus._cond.wait(remaining)
 
-    def commit(self, records: Iterable[Record] | None = None) -> None:
+    def commit(self, records: Iterable[Record] | None = None, *, offsets: dict[TP, int] | None = None) -> None:
         if self.group is None:
             return
-        if records is None:
+        if offsets is not None:
+            upto = dict(offsets)
+        elif records is None:
             upto = dict(self._polled)
         else:
             upto = {}

@@ -161,3 +161,39 @@ def test_running_learner_adopts_a_rollback_published_by_another_process(events, 
     assert [(v.version, v.parent_version, v.learner_id) for v in vs[-2:]] == \
         [(4, 1, "rollback"), (5, 4, "learner-0")]
     assert len({v.version for v in vs}) == len(vs)  # no version number was published twice
+
+
+def prepared_T(seq: int, steps: int) -> PreparedBatch:
+    p = prepared(seq)
+    rng = np.random.default_rng(seq)
+    s = p.sample
+    sb = SampleBatch(
+        batch_id=new_id(), actor_id=s.actor_id, seq=seq, env_id=s.env_id, policy_version=0,
+        created_at_ms=now_ms(), obs=rng.normal(size=(steps, N, OBS)).astype(np.float32),
+        actions=rng.normal(size=(steps, N, ACT)).astype(np.float32),
+        rewards=rng.normal(size=(steps, N)).astype(np.float32), terminated=np.zeros((steps, N), bool),
+        truncated=np.zeros((steps, N), bool), behaviour_logp=np.full((steps, N), -1.0, np.float32),
+        last_obs=np.zeros((N, OBS), np.float32), final_obs_index=np.zeros(0, np.int64),
+        final_obs=np.zeros((0, OBS), np.float32))
+    ones = np.ones((steps, N), np.float32)
+    return PreparedBatch(sb, 0, 0, 0, ones, ones, now_ms())
+
+
+def test_fragments_of_different_lengths_train_in_full_batches_and_commits_never_pass_a_waiting_one(events, tmp_path):
+    # dynamic fragment length: 16- and 32-step fragments arrive interleaved
+    lr = make(events, open_store(tmp_path), train_batch=4 * 16 * N)
+    lr.start()
+    order = [16, 32, 16, 16, 16]  # the 16-step bucket fills (4 x 16 steps x 2 envs) at the 5th record
+    for i, steps in enumerate(order):
+        events.publish(SAMPLES_PREPARED, prepared_T(i, steps), key="actor-0")
+    assert lr.step(0) is not None
+    step = [events.codec.decode(r.value) for r in events.bus.read_all(LEARNER_STEPS)][-1]
+    assert step.num_samples == 4 * 16 * N and len(step.batch_ids) == 4  # one full batch, no partial update
+    assert lr.buffered == 32 * N  # the 32-step fragment still waits
+    # the commit stops at the waiting record (offset 1), so a crash redelivers it
+    assert lr.consumer.raw.committed() == {(SAMPLES_PREPARED, 0): 1}
+    events.publish(SAMPLES_PREPARED, prepared_T(5, 32), key="actor-0")
+    assert lr.step(0) is not None
+    step = [events.codec.decode(r.value) for r in events.bus.read_all(LEARNER_STEPS)][-1]
+    assert step.num_samples == 2 * 32 * N and len(step.batch_ids) == 2
+    assert lr.buffered == 0 and lr.consumer.raw.committed() == {(SAMPLES_PREPARED, 0): 6}
