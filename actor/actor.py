@@ -53,6 +53,10 @@ class ActorConfig:
     """Give up (raise) after this many consecutive fragments rejected for NaN/inf env output."""
     vector_mode: str = "sync"
     """gymnasium vectorization mode: sync or async (subprocess envs)."""
+    swap_every: int = 0
+    """>0 (free-running off-policy actors): every this many steps, look for a newer policy and,
+    if one arrived, end the fragment there so the new one acts at once; policy latency is then
+    bounded by this many steps instead of a whole fragment. 0: swap only between fragments."""
 
 
 class Actor:
@@ -78,6 +82,8 @@ class Actor:
         self._obs = self._reset()
         self.steps = 0
         self.fragment_steps = config.fragment_steps
+        self.swap_every = config.swap_every
+        self.cut_fragments = 0  # fragments ended early for a new policy
 
     def _reset(self) -> np.ndarray:
         cfg = self.config
@@ -181,6 +187,15 @@ class Actor:
                     self._ep_return[i] = 0.0
                     self._ep_len[i] = 0
             obs = nobs
+            if (self.swap_every and not grouped and t + 1 < T and (t + 1) % self.swap_every == 0
+                    and self.subscriber.poll(0.0)):
+                # a newer policy arrived: end this fragment here (it keeps its one behaviour
+                # version) so the next steps act with the new one at once
+                T = t + 1
+                obs_buf, act_buf, rew_buf = obs_buf[:T], act_buf[:T], rew_buf[:T]
+                term_buf, trunc_buf, logp_buf = term_buf[:T], trunc_buf[:T], logp_buf[:T]
+                self.cut_fragments += 1
+                break
             if grouped:
                 rollout_done |= done
                 if rollout_done.all() and t + 1 < T:

@@ -4,6 +4,7 @@ return-vs-steps curve, a final summary and an optional PNG plot."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -62,7 +63,7 @@ class Progress:
         if self.log is not None:
             self.log.info("progress", **fields)
         else:
-            print(json.dumps({"event": "progress", **fields}), flush=True)
+            print(json.dumps({"event": "progress", **fields}), file=sys.stderr, flush=True)
 
     def summary(self) -> dict[str, Any]:
         elapsed = time.perf_counter() - self.started

@@ -69,6 +69,10 @@ def is_on_policy(algo: str) -> bool:
     return bool(ALGORITHMS[algo.lower()][1].is_on_policy)
 
 
+# Free-running actors look for a newer policy every this many steps (see ActorConfig.swap_every).
+SWAP_EVERY = 16
+
+
 def build_flow(cfg: TrainConfig, bus: Bus, metrics: Metrics | None, log=None):
     """The flow control of a decoupled actor (``actor.flow``): on-policy algorithms wait for a
     newer version after their share of a learner batch; off-policy ones free-run under
@@ -127,7 +131,8 @@ def build_actor(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, ind
         raise ValueError(f"--num-envs {num_envs} must be a multiple of the group size {g} for {cfg.algo}")
     acfg = ActorConfig(actor_id=f"actor-{index}", env_id=cfg.env_id, num_envs=num_envs,
                        fragment_steps=cfg.effective_fragment_steps(), seed=cfg.seed * 7919 + index,
-                       group_size=g)
+                       group_size=g, swap_every=SWAP_EVERY if (cfg.mode == "decoupled" and not g
+                                                               and not is_on_policy(cfg.algo)) else 0)
     return Actor(acfg, sub, events, on_batch=batch_hook, on_reject=on_reject, flow=flow)
 
 

@@ -135,3 +135,26 @@ def test_group_mode_ends_the_fragment_once_every_rollout_is_done(events):
     first_end = done.argmax(0)
     assert sorted(b.episode_lengths) == sorted((first_end + 1).tolist())
     assert len(b.episode_returns) == 4
+
+
+def test_free_running_actor_ends_a_fragment_early_when_a_newer_policy_arrives(events):
+    class PublishMidway(PolicySubscriber):
+        """Publishes version 1 at its third poll: the check after step 16 of the first fragment."""
+
+        polls = 0
+
+        def poll(self, timeout=0.0):
+            self.polls += 1
+            if self.polls == 3:  # 1: before the fragment; then every 8 steps: 2 after 8, 3 after 16
+                publish_policy(events, 1, Policy(3, 1))
+            return super().poll(timeout)
+
+    actor = Actor(ActorConfig(env_id="Pendulum-v1", num_envs=1, fragment_steps=64, swap_every=8),
+                  PublishMidway(events, "policy", "actor"), events)
+    publish_policy(events, 0, Policy(3, 1))
+    b0 = actor.step()
+    b1 = actor.step()
+    assert (b0.policy_version, b0.num_steps) == (0, 16)  # cut at the first check after the publish
+    assert (b1.policy_version, b1.num_steps) == (1, 64)
+    assert actor.cut_fragments == 1
+    np.testing.assert_array_equal(b0.last_obs, b1.obs[0])  # no step lost between the two
