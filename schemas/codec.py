@@ -88,6 +88,21 @@ class Codec:
         return from_datum(cls, datum)
 
 
+    def decode_valid(self, data: bytes, expect: type | tuple[type, ...] | None = None, where: str = "") -> Any:
+        """``decode``, then check the event is one of ``expect`` and passes its ``validate()``:
+        what every consumer needs before it acts on a record. Raises CodecError subclasses."""
+        ev = self.decode(data)
+        if expect is not None:
+            kinds = expect if isinstance(expect, tuple) else (expect,)
+            if not isinstance(ev, kinds):
+                names = "/".join(t.__name__ for t in kinds)
+                raise SchemaMismatchError(f"expected {names}{' on ' + where if where else ''}, got {type(ev).__name__}")
+        validate = getattr(ev, "validate", None)
+        if validate is not None:
+            validate()
+        return ev
+
+
 class SchemaTopic:
     """Writers publish their standalone schemas to a compacted topic keyed by fingerprint;
     readers learn unknown writer schemas from it (a schema registry that lives on the bus).

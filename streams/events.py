@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from schemas.codec import Codec
-from schemas.errors import CodecError, SchemaMismatchError
+from schemas.errors import CodecError
 from schemas.events import DeadLetter, now_ms
 from streams.bus.base import Bus, Consumer, Record, StartAt
 from streams.topics import DEADLETTER
@@ -103,16 +103,8 @@ class EventConsumer(Generic[E]):
         return out
 
     def decode(self, rec: Record) -> E | None:
-        codec = self.events.codec
         try:
-            ev = codec.decode(rec.value)
-            if self.expect is not None and not isinstance(ev, self.expect):
-                names = "/".join(t.__name__ for t in self.expect)
-                raise SchemaMismatchError(f"expected {names} on {rec.topic}, got {type(ev).__name__}")
-            validate = getattr(ev, "validate", None)
-            if validate is not None:
-                validate()
-            return ev
+            return self.events.codec.decode_valid(rec.value, self.expect, rec.topic)
         except CodecError as e:
             self.events.dead_letters.send(rec, e.reason, e, self.stage)
             return None

@@ -52,7 +52,7 @@ from typing import Any
 import faust
 
 from schemas.codec import Codec
-from schemas.errors import CodecError, SchemaMismatchError
+from schemas.errors import CodecError
 from schemas.events import DeadLetter, PolicyVersion, PreparedBatch, SampleBatch, now_ms
 from streams.events import MAX_DEADLETTER_PAYLOAD
 from streams.processors.importance import PolicyLogpFn
@@ -311,13 +311,7 @@ class StreamsApp:
 
     # -- handlers (each catches per-record errors) ------------------------------------------
     def _decode(self, value: Any, expect: type) -> Any:
-        ev = self.codec.decode(value)
-        if not isinstance(ev, expect):
-            raise SchemaMismatchError(f"expected {expect.__name__}, got {type(ev).__name__}")
-        validate = getattr(ev, "validate", None)
-        if validate is not None:
-            validate()
-        return ev
+        return self.codec.decode_valid(value, expect)
 
     # -- the policy stream -----------------------------------------------------------------
     def _policy_consumer(self) -> Any:

@@ -21,7 +21,7 @@ import threading
 import traceback
 from typing import Any
 
-from schemas.errors import CodecError, SchemaMismatchError
+from schemas.errors import CodecError
 from schemas.events import PolicyVersion, PreparedBatch, SampleBatch
 from streams.bus.base import Record
 from streams.events import EventBus, EventConsumer
@@ -104,13 +104,7 @@ class PrepareWorker:
     def _decode(self, rec: Record, expect: type) -> Any:
         """The record's event, or None after dead-lettering it with the codec's reason."""
         try:
-            ev = self.events.codec.decode(rec.value)
-            if not isinstance(ev, expect):
-                raise SchemaMismatchError(f"expected {expect.__name__} on {rec.topic}, got {type(ev).__name__}")
-            validate = getattr(ev, "validate", None)
-            if validate is not None:
-                validate()
-            return ev
+            return self.events.codec.decode_valid(rec.value, expect, rec.topic)
         except CodecError as e:
             if rec.topic == SAMPLES_RAW:
                 self.prepare.reject_record(e.reason, e, rec.partition, rec.offset)

@@ -33,6 +33,13 @@ def prepared(seq: int, version: int = 0, batch_id: str | None = None, rng=np.ran
     return PreparedBatch(sb, version, 0, 0, ones, ones, now_ms())
 
 
+def train(lr: Learner, events: EventBus, n: int) -> None:
+    """Publish ``n`` prepared batches, stepping the learner after each (one update each)."""
+    for s in range(n):
+        events.publish(SAMPLES_PREPARED, prepared(s), key="actor-0")
+        assert lr.step(0) is not None
+
+
 def make(events: EventBus, store, train_batch=T * N, snapshot_every=1) -> Learner:
     algo = make_algorithm("ppo", OBS, ACT, {"num_minibatches": 2, "update_epochs": 1}, "cpu")
     cfg = LearnerConfig(train_batch_size=train_batch, snapshot_every=snapshot_every)
@@ -129,9 +136,7 @@ def test_rollback_republishes_a_snapshot_as_a_new_version(events, tmp_path):
     store = open_store(tmp_path, keep_last=None)
     lr = make(events, store)
     lr.start()
-    for s in range(3):
-        events.publish(SAMPLES_PREPARED, prepared(s), key="actor-0")
-        lr.step(0)
+    train(lr, events, 3)
     new = lr.rollback(1)
     assert new == 4
     pv = versions(events)[-1]
@@ -147,9 +152,7 @@ def test_running_learner_adopts_a_rollback_published_by_another_process(events, 
     store = open_store(tmp_path, keep_last=None)
     lr = make(events, store)
     lr.start()
-    for s in range(3):
-        events.publish(SAMPLES_PREPARED, prepared(s), key="actor-0")
-        lr.step(0)
+    train(lr, events, 3)
     assert lr.version == 3
     out = rollback(events, str(tmp_path), 1)
     assert out["new_version"] == 4
