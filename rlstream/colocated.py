@@ -14,6 +14,7 @@ from typing import Any
 
 from rlstream import wiring
 from rlstream.config import TrainConfig
+from rlstream.obs.logging import bind_policy_version
 from rlstream.obs.metrics import Metrics
 from rlstream.progress import Progress
 from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW
@@ -39,6 +40,7 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     def on_update(learner, m, seconds) -> None:
         progress.updates = learner.stats.updates
         progress.version = learner.version
+        bind_policy_version(learner.version)
 
     learner = wiring.build_learner(cfg, events, metrics, algo, on_update=on_update)
     learner_ref["learner"] = learner

@@ -18,6 +18,7 @@ from typing import Any
 
 from rlstream import wiring
 from rlstream.config import TrainConfig
+from rlstream.obs.logging import bind_policy_version
 from rlstream.obs.metrics import Metrics
 from rlstream.obs.ports import (
     ENV_ALGO,
@@ -73,6 +74,7 @@ def run_actor(cfg: TrainConfig, index: int, log: Any = None, stop: threading.Eve
     def on_batch(batch, seconds: float) -> None:
         progress.on_batch(batch.size, batch.episode_returns, 0)
         progress.version = batch.policy_version
+        bind_policy_version(batch.policy_version)
 
     flow = wiring.build_flow(cfg, bus, metrics, log)
     actor = wiring.build_actor(cfg, events, metrics, index, on_batch=on_batch, log=log, flow=flow,
@@ -117,17 +119,22 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
         progress.updates = learner.stats.updates
         progress.version = learner.version
         progress.steps = learner.stats.samples_trained
-        if health is not None:
-            health.heartbeat("loop")
+        bind_policy_version(learner.version)
 
     learner = wiring.build_learner(cfg, events, metrics, algo, on_update=on_update, breaker=breaker,
                                    lag_signal=lag)
     learner.start(resume=cfg.resume)
+    bind_policy_version(learner.version)
+    if health is not None:
+        health.register("policy_published", lambda: (learner.version >= 0, {"version": learner.version}))
+        health.register("breaker", lambda: (True, {"state": breaker.state.name, "trips": breaker.trips}))
     started = time.perf_counter()
     max_updates = max(1, cfg.total_steps // cfg.train_batch_size)
     try:
         while not stop.is_set() and learner.stats.updates < max_updates:
             learner.step(0.2)
+            if health is not None:
+                health.heartbeat("loop")  # a learner paused by its breaker or waiting for data is alive
             progress.maybe_log()
         progress.maybe_log(force=True)
     finally:

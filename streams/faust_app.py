@@ -305,6 +305,14 @@ class StreamsApp:
         async def healthz(web, request):
             return web.json({"ok": True, "stats": self.prepare.stats.as_dict()})
 
+        @app.page("/readyz")
+        async def readyz(web, request):
+            # ready once the policy reader has caught up: before that, samples are held
+            ready = self._policies_ready is not None and self._policies_ready.is_set()
+            body = {"ok": ready, "checks": {"policies_caught_up": ready,
+                                            "latest_version": self.prepare.stats.latest_version}}
+            return web.json(body, status=200 if ready else 503)
+
         self.policies_task = follow_policies
         self.samples_agent = prepare_samples
         self.reorder_tick = reorder_tick

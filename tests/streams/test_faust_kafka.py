@@ -130,6 +130,8 @@ def test_faust_worker_end_to_end(bootstrap, tmp_path):
                 pass
             assert time.monotonic() < deadline, "worker never saw the policy version:\n" + log_path.read_text()[-5000:]
             time.sleep(0.5)
+        ready = http_json(f"http://127.0.0.1:{port}/readyz")  # 503 (an error here) until caught up
+        assert ready["ok"] and ready["checks"]["policies_caught_up"]
 
         for s in [0, 2, 1, 3, 4, 5]:  # 1 and 2 swapped
             send(SAMPLES_RAW, actor.encode(), make_batch(actor, s, version))
