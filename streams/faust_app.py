@@ -245,6 +245,7 @@ class StreamsApp:
         self.topics = {name: self._topic(name) for name in (SAMPLES_RAW, SAMPLES_PREPARED, DEADLETTER)}
         self.send: SendFn = self._kafka_send
         self._held: dict[tuple[int, int], Any] = {}  # (partition, offset) -> faust event not acked yet
+        self._policy_msgs: dict[int, Any] = {}  # newest versions' records, to dead-letter a bad one
         self._policies_ready: asyncio.Event | None = None  # set by follow-policies once caught up
         self.published = 0
         self.dead_lettered = 0
@@ -394,7 +395,12 @@ class StreamsApp:
         headers); True if it is the newest version of our policy."""
         try:
             pv = self._decode(msg.value, PolicyVersion)
-            return self.prepare.on_policy(pv)
+            newest = self.prepare.on_policy(pv)
+            if newest:
+                self._policy_msgs[pv.version] = msg
+                while len(self._policy_msgs) > 16:
+                    self._policy_msgs.pop(next(iter(self._policy_msgs)))
+            return newest
         except Exception as e:
             self.prepare.stats.policy_errors += 1
             reason = e.reason if isinstance(e, CodecError) else REASON_PROCESSOR_ERROR
@@ -467,6 +473,10 @@ class StreamsApp:
         return await fut
 
     async def _emit(self, outs: list[Output]) -> None:
+        for version, error in self.prepare.take_policy_failures():
+            bad = self._policy_msgs.pop(version, None)
+            if bad is not None:  # its weights do not build a policy: IS goes on with the last good one
+                await self._dead_letter(bad, getattr(error, "reason", "policy_unusable"), error)
         for out in outs:
             if isinstance(out, PreparedBatch):
                 event = self._held.pop((out.source_partition, out.source_offset), None)

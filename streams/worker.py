@@ -58,6 +58,7 @@ class PrepareWorker:
         start = {(POLICY_VERSIONS, p): max(0, e - backlog) for p, e in ends.items()}
         self.policies: EventConsumer = events.consumer(None, [POLICY_VERSIONS], stage=STAGE,
                                                        expect=PolicyVersion, start=start or "earliest")
+        self._policy_records: dict[int, Record] = {}  # newest versions' records, to dead-letter a bad one
         self._held: dict[tuple[int, int], Record] = {}  # (partition, offset) -> raw record in Prepare
         self._polled: dict[int, int] = {}  # partition -> next offset after the last polled record
         self._committed: dict[int, int] = {}
@@ -77,6 +78,10 @@ class PrepareWorker:
         outs = self._safe(self.prepare.tick)
         work += len(outs)
         self._emit(outs)
+        for version, error in self.prepare.take_policy_failures():
+            rec = self._policy_records.pop(version, None)
+            if rec is not None:  # its weights do not build a policy: IS goes on with the last good one
+                self._dead_letter(self.policies, rec, getattr(error, "reason", "policy_unusable"), error)
         self.events.flush()
         self._commit()
         if self.metrics is not None:
@@ -96,8 +101,10 @@ class PrepareWorker:
                 n += 1
                 try:
                     pv = self._decode(rec, PolicyVersion)
-                    if pv is not None:
-                        self.prepare.on_policy(pv)
+                    if pv is not None and self.prepare.on_policy(pv):
+                        self._policy_records[pv.version] = rec
+                        while len(self._policy_records) > 16:
+                            self._policy_records.pop(next(iter(self._policy_records)))
                 except Exception as e:
                     self._dead_letter(self.policies, rec, REASON_PROCESSOR_ERROR, e)
 

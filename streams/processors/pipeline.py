@@ -219,8 +219,10 @@ class Prepare:
         self.policy_id = policy_id
         self.stats = ProcessorStats(reorder=reorder.stats, staleness=staleness.stats)
         self._latest_pv: PolicyVersion | None = None
+        self._recent_pvs: dict[int, PolicyVersion] = {}  # the newest few versions, to fall back on
         self._fn: tuple[int, LogpFn] | None = None  # (version, logp fn) last built successfully
-        self._failed_version: int | None = None
+        self._failed: set[int] = set()  # versions whose policy could not be built
+        self._policy_failures: list[tuple[int, BaseException]] = []  # for the shell to dead-letter
 
     @classmethod
     def from_config(cls, cfg: PrepareConfig, logp_factory: LogpFactory | None = None, *,
@@ -243,22 +245,41 @@ class Prepare:
         newest = self.staleness.on_policy(pv)
         if newest:
             self._latest_pv = pv
+            self._recent_pvs[pv.version] = pv
+            while len(self._recent_pvs) > 8:
+                del self._recent_pvs[min(self._recent_pvs)]
             self.stats.latest_version = pv.version
             self._metric("set_policy_version", pv.version)
         return newest
 
+    def take_policy_failures(self) -> list[tuple[int, BaseException]]:
+        """Versions whose policy could not be built since the last call (the shell dead-letters
+        their records; the pipeline goes on with the last good policy)."""
+        out, self._policy_failures = self._policy_failures, []
+        return out
+
     def _current_fn(self) -> tuple[int, LogpFn] | None:
         """(version, logp fn) of the newest policy that could be built."""
-        pv = self._latest_pv
-        if (pv is not None and self.logp_factory is not None and (self._fn is None or self._fn[0] != pv.version)
-                and self._failed_version != pv.version):
+        if self.logp_factory is None:
+            return self._fn
+        # newest first; a version that does not build falls back to the next newest one
+        for version in sorted(self._recent_pvs, reverse=True):
+            if self._fn is not None and self._fn[0] >= version:
+                break
+            if version in self._failed:
+                continue
+            pv = self._recent_pvs[version]
             try:
                 self._fn = (pv.version, self.logp_factory(pv))
                 self.stats.is_version = pv.version
+                break
             except Exception as e:  # a bad PolicyVersion must not stop the stream
-                self._failed_version = pv.version
+                self._failed.add(pv.version)
+                self._policy_failures.append((pv.version, e))
                 self.stats.policy_errors += 1
                 self.stats.last_policy_error = f"version {pv.version}: {type(e).__name__}: {e}"[:500]
+        if len(self._failed) > 64:
+            self._failed = {v for v in self._failed if v in self._recent_pvs}
         return self._fn
 
     # -- samples ----------------------------------------------------------------------------

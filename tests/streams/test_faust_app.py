@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from schemas.codec import Codec
+from schemas.errors import InvalidEventError
 from schemas.events import DeadLetter, PolicyVersion, PreparedBatch, SampleBatch
 from streams.faust_app import StreamsApp, StreamsSettings, broker_urls, faust_credentials
 from streams.processors.pipeline import Prepare, PrepareConfig
@@ -285,3 +286,27 @@ def test_policy_reader_starts_k_plus_1_back_and_gates_samples(streams):
     assert fake.seeked == 10 - 3 and fake.stopped
     assert sa.prepare.stats.policy_versions == 3 and sa.prepare.stats.latest_version == 9
     assert [d.reason for d in decoded(sent, DEADLETTER, DeadLetter)] == ["stale_versions"]
+
+
+def test_a_policy_version_that_does_not_build_is_dead_lettered_and_the_previous_one_used(streams):
+    clock, sa, sent = streams
+    good = sa.prepare.logp_factory
+
+    def factory(pv):
+        if pv.version == 3:
+            raise InvalidEventError("weights payload is not valid safetensors")
+        return good(pv)
+
+    sa.prepare.logp_factory = factory
+
+    async def scenario():
+        for v in range(4):
+            await sa.on_policy_message(policy_msg(v, CODEC.encode(PolicyVersion("policy", v, clock.t, "L", "ppo"))))
+        async with sa.samples_agent.test_context() as agent:
+            await agent.put(CODEC.encode(make_batch("a", 0, 1, clock.t)), key=b"a")  # needs IS
+
+    asyncio.run(scenario())
+    prepared = decoded(sent, SAMPLES_PREPARED, PreparedBatch)
+    assert [p.current_version for p in prepared] == [2]  # the newest version that builds
+    dead = decoded(sent, DEADLETTER, DeadLetter)
+    assert [(d.topic, d.offset, d.reason) for d in dead] == [(POLICY_VERSIONS, 3, "invalid")]

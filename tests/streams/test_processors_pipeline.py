@@ -359,3 +359,28 @@ def test_worker_never_raises_and_dead_letters_bad_records(ops):
     assert prepare.reorder.buffered == 0
     assert worker.samples.raw.committed() == {(SAMPLES_RAW, 0): len(ops)}
     worker.close()
+
+
+def test_a_policy_version_whose_weights_do_not_build_is_dead_lettered_and_the_last_good_one_used(setup):
+    clock, bus, events, prepare = setup
+    now = clock.t
+    events.publish(POLICY_VERSIONS, policy_version(0, now - 10), key="policy")
+    worker = PrepareWorker(events, prepare)
+    events.publish(SAMPLES_RAW, make_batch("a", 0, 0, now), key="a")
+    while worker.step(0):
+        pass
+    good = policy_version(1, now - 5)
+    bad = PolicyVersion("policy", 2, now - 1, "L", "ppo", weights=b"\x08" + b"\x00" * 7 + b"not safetensors")
+    events.publish(POLICY_VERSIONS, good, key="policy")
+    events.publish(POLICY_VERSIONS, bad, key="policy")
+    events.publish(SAMPLES_RAW, make_batch("a", 1, 1, now), key="a")  # behind version 2: needs IS
+    while worker.step(0):
+        pass
+    prepared = read(bus, SAMPLES_PREPARED, PreparedBatch)
+    assert [p.sample.seq for p in prepared] == [0, 1]
+    # IS fell back to the last policy that could be built (version 1: on-policy for this batch)
+    assert prepared[1].current_version == 1
+    dead = read(bus, DEADLETTER, DeadLetter)
+    assert [(d.topic, d.reason) for d in dead] == [(POLICY_VERSIONS, "invalid")]
+    assert CODEC.decode(dead[0].value).version == 2
+    assert prepare.stats.policy_errors == 1
