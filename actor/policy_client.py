@@ -14,9 +14,8 @@ from rlstream.policies import BlobStore, load_into
 from schemas.errors import CodecError
 from schemas.events import PolicyVersion
 from streams.events import EventBus
-from streams.topics import POLICY_VERSIONS
+from streams.topics import POLICY_VERSIONS, PUBLISHED_NS_HEADER
 
-PUBLISHED_NS_HEADER = "rl-published-ns"
 
 
 def start_at_last(events: EventBus, topic: str = POLICY_VERSIONS) -> dict:

@@ -29,14 +29,20 @@ from typing import Any
 
 from agents.core import Algorithm
 from learner.batching import StreamIds, to_trajectory_batch
-from rlstream.policies import BlobStore, arch_of, load_into, make_policy_version
+from rlstream.policies import (
+    BlobStore,
+    arch_of,
+    load_into,
+    make_policy_version,
+    publish_policy_version,
+)
+from rlstream.subscribe import newest_version
 from schemas.errors import CodecError
 from schemas.events import GradientStep, PolicyVersion, PreparedBatch, now_ms
 from streams.bus.base import BusError, Record
 from streams.events import EventBus
 from streams.topics import LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_PREPARED
 
-PUBLISHED_NS_HEADER = "rl-published-ns"
 REASON_INCOMPATIBLE = "incompatible"
 SEEN_IDS_KEPT = 20_000
 
@@ -99,24 +105,9 @@ class Learner:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def latest_published(self) -> int:
-        """Newest version of this policy on the topic (-1 if none)."""
-        newest = -1
-        ends = self.events.bus.end_offsets(POLICY_VERSIONS)
-        if not any(ends.values()):
-            return -1
-        start = {(POLICY_VERSIONS, p): max(0, e - 1) for p, e in ends.items()}
-        c = self.events.consumer(None, [POLICY_VERSIONS], stage="learner", expect=PolicyVersion, start=start)
-        try:
-            deadline = time.monotonic() + 10
-            remaining = {p for p, e in ends.items() if e > 0}
-            while remaining and time.monotonic() < deadline:
-                for rec, pv in c.poll(0.2):
-                    remaining.discard(rec.partition)
-                    if pv.policy_id == self.config.policy_id:
-                        newest = max(newest, pv.version)
-        finally:
-            c.close()
-        return newest
+        """Newest version of this policy on the topic (-1 if none), whatever else shares it."""
+        newest = newest_version(self.events, self.config.policy_id)
+        return -1 if newest is None else newest.version
 
     def start(self, resume: bool = True, from_version: int | None = None) -> None:
         """Restore state (newest snapshot, or ``from_version``) and publish the current policy."""
@@ -303,11 +294,7 @@ class Learner:
             metrics={k: float(v) for k, v in (metrics or {}).items()}, blob_store=self.blob_store,
         )
         self.model_version = self.version
-        self.events.bus.produce(
-            POLICY_VERSIONS, self.events.codec.encode(pv), key=self.config.policy_id.encode(),
-            headers={**self.events.codec.headers_for(pv), PUBLISHED_NS_HEADER: str(time.time_ns()).encode()},
-        )
-        self.events.flush()
+        publish_policy_version(self.events, pv)
         return self.version
 
     def snapshot(self) -> None:

@@ -35,7 +35,7 @@ from streams.topics import SAMPLES_RAW, STREAMS_GROUP
 
 def _consumer_lag_gauge(metrics: Metrics, bus, group: str, topic: str):
     def lag() -> float:
-        value = float(bus.group_lag(group, topic)) if hasattr(bus, "group_lag") else 0.0
+        value = float(bus.group_lag(group, topic))
         metrics.set_consumer_lag(group, topic, value)
         return value
     return lag

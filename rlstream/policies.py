@@ -8,6 +8,7 @@ by claim check (Redis or a file store) with a sha256 the receiver verifies.
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -17,6 +18,7 @@ from agents.networks import Policy
 from schemas.errors import InvalidEventError
 from schemas.events import ClaimCheck, PolicyVersion, now_ms
 from schemas.weights import decode_weights, encode_weights, sha256
+from streams.topics import POLICY_VERSIONS, PUBLISHED_NS_HEADER
 
 # Weights above this size go to the blob store and the event carries a claim check.
 DEFAULT_INLINE_LIMIT = 4 * 1024 * 1024
@@ -102,6 +104,15 @@ def make_policy_version(
         policy_id=policy_id, version=version, created_at_ms=now_ms(), learner_id=learner_id, algo=algo,
         weights=weights, weights_ref=ref, parent_version=parent_version, metrics=dict(metrics or {}),
     )
+
+
+def publish_policy_version(events: Any, pv: PolicyVersion) -> None:
+    """Put ``pv`` on rl.policy.versions (key: policy_id) with the publish-time header, and flush."""
+    events.bus.produce(
+        POLICY_VERSIONS, events.codec.encode(pv), key=pv.policy_id.encode(),
+        headers={**events.codec.headers_for(pv), PUBLISHED_NS_HEADER: str(time.time_ns()).encode()},
+    )
+    events.flush()
 
 
 def weights_bytes(pv: PolicyVersion, blob_store: BlobStore | None = None) -> bytes:

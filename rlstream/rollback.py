@@ -27,13 +27,12 @@ from urllib.parse import urlsplit
 from agents.networks import Policy
 from learner.snapshots import SnapshotError, open_store
 from rlstream.config import BusConfig
-from rlstream.policies import BlobStore, arch_of, make_policy_version, policy_from_arch
-from rlstream.subscribe import PUBLISHED_NS_HEADER, newest_version, open_events
+from rlstream.policies import BlobStore, arch_of, make_policy_version, publish_policy_version, policy_from_arch
+from rlstream.subscribe import newest_version, open_events
 from schemas.errors import CodecError
 from schemas.weights import decode_weights, sha256
 from streams.bus.base import Bus
 from streams.events import EventBus
-from streams.topics import POLICY_VERSIONS
 
 __all__ = ["RollbackError", "rollback"]
 
@@ -126,9 +125,7 @@ def rollback(bus_config: BusConfig | Bus | EventBus, store_url: str, to_version:
         pv = make_policy_version(policy, policy_id=policy_id, version=new_version, parent_version=to_version,
                                  learner_id=learner_id, algo=algo,
                                  metrics={"rollback_from_snapshot": float(to_version)}, blob_store=blob_store)
-        events.bus.produce(POLICY_VERSIONS, events.codec.encode(pv), key=policy_id.encode(),
-                           headers={**events.codec.headers_for(pv), PUBLISHED_NS_HEADER: str(time.time_ns()).encode()})
-        events.flush()
+        publish_policy_version(events, pv)
     finally:
         if owned is not None:
             owned.close()

@@ -42,16 +42,15 @@ from typing import Any
 from agents.networks import Policy
 from rlstream.config import BusConfig
 from rlstream.policies import BlobStore, load_into
-from schemas.errors import CodecError, SchemaMismatchError
+from schemas.errors import CodecError
 from schemas.events import DeadLetter, GradientStep, PolicyVersion
 from schemas.weights import sha256
 from streams.bus.base import Bus, Consumer, Record
 from streams.events import EventBus
-from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS
+from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS, PUBLISHED_NS_HEADER
 
 __all__ = ["PolicyFeed", "PolicyUpdate", "follow", "open_events", "tail_offsets", "FOLLOWABLE"]
 
-PUBLISHED_NS_HEADER = "rl-published-ns"  # set by the learner (learner.learner) when it publishes
 FOLLOWABLE = ("policies", "steps", "deadletters")
 
 
@@ -157,14 +156,7 @@ def newest_version(events: EventBus, policy_id: str = "policy", topic: str = POL
 
 def _decode(events: EventBus, rec: Record, expect: type | tuple[type, ...]) -> Any:
     """The decoded, validated event; raises CodecError (a wrong type included)."""
-    ev = events.codec.decode(rec.value)
-    if not isinstance(ev, expect):
-        names = "/".join(t.__name__ for t in (expect if isinstance(expect, tuple) else (expect,)))
-        raise SchemaMismatchError(f"expected {names} on {rec.topic}, got {type(ev).__name__}")
-    validate = getattr(ev, "validate", None)
-    if validate is not None:
-        validate()
-    return ev
+    return events.codec.decode_valid(rec.value, expect, rec.topic)
 
 
 # -- PolicyFeed --------------------------------------------------------------------------------

@@ -22,6 +22,10 @@ PREFERENCES = "rl.preferences"
 DEADLETTER = "rl.deadletter"
 SCHEMAS = "rl.schemas"
 
+# Header of a PolicyVersion record: time.time_ns() when it was published; followers measure
+# policy latency (publish -> adoption) from it.
+PUBLISHED_NS_HEADER = "rl-published-ns"
+
 #: Consumer group of the stream processors on rl.samples.raw (the Faust app id): its backlog
 #: there (``Bus.group_lag(STREAMS_GROUP, SAMPLES_RAW)``) is what actors' backpressure, the dynamic
 #: fragment length and the learner's circuit breaker watch.

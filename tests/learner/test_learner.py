@@ -200,3 +200,19 @@ def test_fragments_of_different_lengths_train_in_full_batches_and_commits_never_
     step = [events.codec.decode(r.value) for r in events.bus.read_all(LEARNER_STEPS)][-1]
     assert step.num_samples == 2 * 32 * N and len(step.batch_ids) == 2
     assert lr.buffered == 0 and lr.consumer.raw.committed() == {(SAMPLES_PREPARED, 0): 6}
+
+
+def test_versions_continue_when_another_policy_published_last_on_the_shared_topic(events, tmp_path):
+    from rlstream.policies import make_policy_version, publish_policy_version
+
+    lr = make(events, open_store(tmp_path))
+    lr.start()
+    train(lr, events, 2)
+    lr.close()
+    other = make_policy_version(lr.algo.policy, policy_id="someone-else", version=99, parent_version=None,
+                                learner_id="x", algo="ppo")
+    publish_policy_version(events, other)  # the newest record is not ours
+    lr2 = make(events, open_store(tmp_path / "second"))
+    lr2.start(resume=False)
+    ours = [v.version for v in versions(events) if v.policy_id == "policy"]
+    assert ours == [0, 1, 2, 3]  # 3, not a second 0

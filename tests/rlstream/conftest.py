@@ -14,7 +14,7 @@ from rlstream.policies import make_policy_version
 from schemas.codec import Codec
 from streams.bus.memory import MemoryBus
 from streams.events import EventBus
-from streams.topics import POLICY_VERSIONS, all_topics
+from streams.topics import POLICY_VERSIONS, PUBLISHED_NS_HEADER, all_topics
 
 torch.set_num_threads(1)
 
@@ -38,7 +38,7 @@ def publish_version(events: EventBus, version: int, policy: Policy | None = None
                              parent_version=(version - 1 if version > 0 else None) if parent == -1 else parent,
                              learner_id="learner-test", algo=algo, metrics={"loss": float(version)})
     events.bus.produce(topic, events.codec.encode(pv), key=policy_id.encode(),
-                       headers={**events.codec.headers_for(pv), "rl-published-ns": str(time.time_ns()).encode()})
+                       headers={**events.codec.headers_for(pv), PUBLISHED_NS_HEADER: str(time.time_ns()).encode()})
     events.flush()
     return policy
 
