@@ -1,5 +1,7 @@
 """Avro codec: Avro single-object encoding (``C3 01`` + 8-byte CRC-64-AVRO fingerprint of the
-writer schema + binary datum), decoded with writer -> reader schema resolution.
+writer schema, little-endian as the spec says + binary datum), decoded with writer -> reader
+schema resolution. Records written by rlstream before it followed the spec carry the fingerprint
+byte-swapped; they are still read, with one warning per schema (``SchemaRegistry.by_fingerprint``).
 
 The fingerprint header makes every record self-describing: a reader looks the writer schema
 up by fingerprint (its own registry, or schemas another process published on the schema topic,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import re
 import threading
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from schemas.errors import SchemaDefinitionError, UnknownSchemaError
+
+log = logging.getLogger(__name__)
 
 AVSC_DIR = Path(__file__).parent / "avsc"
 _VERSIONED = re.compile(r"^(?P<name>[\w.]+)\.v(?P<version>\d+)\.avsc$")
@@ -37,11 +40,30 @@ class RegisteredSchema:
     parsed: Any  # fastavro parsed schema
     standalone_json: str  # expanded JSON, enough for any reader to resolve
 
+    @property
+    def legacy_fingerprint(self) -> bytes:
+        """The fingerprint in the byte order rlstream wrote before it followed the spec
+        (big-endian): still read from old logs and topics, never written."""
+        return self.fingerprint[::-1]
+
 
 def _fingerprint(parsed: Any) -> bytes:
-    hex_fp = fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO")
-    # Avro single-object encoding stores the 64-bit fingerprint little-endian.
-    return int(hex_fp, 16).to_bytes(8, "little")
+    """CRC-64-AVRO of the parsing canonical form as Avro single-object encoding stores it: the
+    64-bit value little-endian (fastavro's hex digest already lists the bytes in that order)."""
+    return bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
+
+
+_warned_legacy: set[tuple[str, int]] = set()
+
+
+def _warn_legacy(reg: RegisteredSchema) -> None:
+    """Once per process and schema: a record carries the old (byte-swapped) fingerprint."""
+    key = (reg.name, reg.version)
+    if key not in _warned_legacy:
+        _warned_legacy.add(key)
+        log.warning("reading %s v%d records with the pre-spec fingerprint byte order %s (spec order %s): "
+                    "written by an older rlstream; readable, but standard Avro readers cannot read them",
+                    reg.name, reg.version, reg.legacy_fingerprint.hex(), reg.fingerprint.hex())
 
 
 def _expand(node: Any, types: dict[str, Any], seen: set[str], namespace: str | None) -> Any:
@@ -96,6 +118,7 @@ class SchemaRegistry:
     def __init__(self, dirs: list[Path] | None = None) -> None:
         self._lock = threading.Lock()
         self._by_fp: dict[bytes, RegisteredSchema] = {}
+        self._by_legacy_fp: dict[bytes, RegisteredSchema] = {}  # old byte order, read-only
         self._by_name: dict[str, dict[int, RegisteredSchema]] = {}
         self._local: set[str] = set()  # names loaded from .avsc files (not learnt from others)
         self._shared: dict[str, Any] = {}
@@ -142,7 +165,7 @@ class SchemaRegistry:
             standalone_json=json.dumps(standalone, sort_keys=True),
         )
         with self._lock:
-            self._by_fp[reg.fingerprint] = reg
+            self._index(reg)
             self._by_name.setdefault(name, {})[version] = reg
             self._local.add(name)
         return reg
@@ -159,7 +182,7 @@ class SchemaRegistry:
             raise SchemaDefinitionError(f"{name} v{version}: {e}") from e
         reg = RegisteredSchema(name, version, _fingerprint(parsed), parsed, standalone_json)
         with self._lock:
-            self._by_fp[reg.fingerprint] = reg
+            self._index(reg)
             # A remote version never replaces the reader schema this process was built with:
             # it is a writer schema to resolve from (by fingerprint), not a new ``latest``,
             # which would make this process read into, and write, a schema its code lacks.
@@ -167,14 +190,23 @@ class SchemaRegistry:
                 self._by_name.setdefault(name, {}).setdefault(version, reg)
         return reg
 
+    def _index(self, reg: RegisteredSchema) -> None:
+        self._by_fp[reg.fingerprint] = reg
+        self._by_legacy_fp.setdefault(reg.legacy_fingerprint, reg)
+
     def by_fingerprint(self, fp: bytes) -> RegisteredSchema:
-        try:
-            return self._by_fp[fp]
-        except KeyError:
-            raise UnknownSchemaError(fp) from None
+        """The schema of a spec-order fingerprint, else of an old byte-swapped one (logged once)."""
+        reg = self._by_fp.get(fp)
+        if reg is not None:
+            return reg
+        reg = self._by_legacy_fp.get(fp)
+        if reg is None:
+            raise UnknownSchemaError(fp)
+        _warn_legacy(reg)
+        return reg
 
     def knows(self, fp: bytes) -> bool:
-        return fp in self._by_fp
+        return fp in self._by_fp or fp in self._by_legacy_fp
 
     def latest(self, name: str) -> RegisteredSchema:
         versions = self._by_name.get(name)

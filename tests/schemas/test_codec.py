@@ -159,6 +159,63 @@ def test_corrupt_bytes(codec, good, mutate):
     assert e.value.reason == "corrupt"
 
 
+# -- fingerprint byte order ------------------------------------------------------------------------
+
+def _spec_fingerprint64(data: bytes) -> int:
+    """The Avro spec's CRC-64-AVRO (``fingerprint64``), written out from the spec."""
+    empty, mask = 0xC15D213AA4D7A795, (1 << 64) - 1
+    table = []
+    for i in range(256):
+        fp = i
+        for _ in range(8):
+            fp = (fp >> 1) ^ (empty & (-(fp & 1) & mask))
+        table.append(fp)
+    fp = empty
+    for b in data:
+        fp = (fp >> 8) ^ table[(fp ^ b) & 0xFF]
+    return fp
+
+
+def test_header_fingerprint_is_little_endian_as_the_spec_says(codec):
+    from fastavro.schema import to_parsing_canonical_form
+
+    for ev in example_events():
+        reg = codec.writer_schema(type(ev))
+        value = _spec_fingerprint64(to_parsing_canonical_form(reg.parsed).encode())
+        assert codec.encode(ev)[2:HEADER_LEN] == value.to_bytes(8, "little"), reg.name
+
+
+def test_old_byte_order_is_still_read_with_one_warning_per_schema(codec, caplog):
+    import schemas.registry as registry_mod
+
+    events = example_events()
+    old = [MAGIC + codec.encode(ev)[2:HEADER_LEN][::-1] + codec.encode(ev)[HEADER_LEN:] for ev in events]
+    with pytest.MonkeyPatch.context() as mp, caplog.at_level("WARNING", logger="schemas.registry"):
+        mp.setattr(registry_mod, "_warned_legacy", set())
+        for _ in range(3):
+            for ev, data in zip(events, old):
+                assert events_equal(ev, codec.decode(data)), type(ev).__name__
+    warned = [r.getMessage() for r in caplog.records if "pre-spec fingerprint" in r.getMessage()]
+    assert sorted(w.split()[1] for w in warned) == sorted({type(e).AVRO_NAME for e in events})
+
+
+def test_schema_topic_entries_keyed_by_the_old_byte_order_stay_readable(v2):
+    """A schema topic written by an older rlstream (keys in the old order) still teaches a
+    reader the writer schema, whichever order the records use."""
+    new_event = SampleBatchV2(**{f.name: getattr(sample_batch(seq=6), f.name)
+                                 for f in dataclasses.fields(SampleBatch)}, priority=0.5)
+    data = v2.encode(new_event)
+    bus = MemoryBus()
+    for reg in v2.registry.all():  # what the old SchemaTopic.publish wrote
+        doc = {"name": reg.name, "version": reg.version, "schema": reg.standalone_json}
+        bus.produce(SCHEMAS, codec_mod.json.dumps(doc).encode(), key=reg.legacy_fingerprint)
+    reader = Codec(SchemaRegistry(), resolver=SchemaTopic(bus, SCHEMAS))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(codec_mod.EVENT_TYPES, SampleBatch.AVRO_NAME, SampleBatch)
+        assert reader.decode(data).seq == 6
+        assert reader.decode(MAGIC + data[2:HEADER_LEN][::-1] + data[HEADER_LEN:]).seq == 6
+
+
 def test_not_bytes_is_corrupt(codec):
     with pytest.raises(CorruptEventError):
         codec.decode("a string")  # type: ignore[arg-type]
