@@ -145,6 +145,14 @@ _TRANSIENT = {KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
               KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.REQUEST_TIMED_OUT, KafkaError._TRANSPORT,
               KafkaError._TIMED_OUT, KafkaError._WAIT_COORD, KafkaError._ALL_BROKERS_DOWN}
 COMMIT_RETRY_S = 10.0
+# Errors of a cluster that is settling, not of a wrong request: a partition whose leader is not
+# elected yet (or moved) right after a create or a restart, a topic not yet in every broker's
+# metadata, a group coordinator loading its offsets, a request that timed out. Every admin,
+# metadata and offset call retries them until its deadline (``retrying``).
+RETRIABLE = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+             KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC,
+             KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.OFFSET_NOT_AVAILABLE,
+             KafkaError.NOT_ENOUGH_REPLICAS, *_TRANSIENT}
 # A refused login that persists this long (nothing succeeding meanwhile) fails the operation
 # waiting on the broker with BusAuthenticationError; shorter ones (a broker that has not loaded
 # its SCRAM credentials yet) are ridden out.
@@ -154,6 +162,43 @@ _KEEP_ERRORS = 100  # delivery errors kept for the report in flush (all are coun
 
 def _too_large(err: KafkaError | None) -> bool:
     return err is not None and err.code() in _TOO_LARGE
+
+
+def _first_error(tps: list[TopicPartition]) -> Any:
+    """``tps``, or the first retriable per-partition error among them (for ``retrying``)."""
+    return next((tp.error for tp in tps if is_retriable(tp.error)), tps)
+
+
+def is_retriable(err: KafkaError | None) -> bool:
+    """Whether a call that failed with ``err`` may succeed if simply repeated (``RETRIABLE``, or
+    librdkafka flagged it so); never for a fatal error."""
+    return err is not None and not err.fatal() and (err.code() in RETRIABLE or err.retriable())
+
+
+def retrying(what: str, call: Any, timeout: float = _TIMEOUT, on_retry: Any = None) -> Any:
+    """``call(remaining_seconds)`` until it returns, retrying retriable Kafka errors (raised as
+    ``KafkaException``, or a ``KafkaError`` it returns in place of a result) with backoff until
+    ``timeout`` has passed; then, or on any other Kafka error, ``BusError`` naming ``what``.
+    ``on_retry()`` runs before each retry (it may raise, e.g. ``BusAuthenticationError``)."""
+    deadline = time.monotonic() + timeout
+    pause = 0.05
+    while True:
+        left = max(0.1, deadline - time.monotonic())
+        try:
+            out = call(left)
+            err = out if isinstance(out, KafkaError) else None
+            if err is None:
+                return out
+            exc: BaseException = KafkaException(err)
+        except KafkaException as e:
+            err, exc = _err(e), e
+        if not is_retriable(err) or time.monotonic() + pause > deadline:
+            raise BusError(f"{what}: {exc}") from exc
+        if on_retry is not None:
+            on_retry()
+        log.debug("%s: %s; retrying", what, err)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.5)
 
 
 class KafkaBus(Bus):
@@ -275,15 +320,27 @@ class KafkaBus(Bus):
                 config.setdefault("cleanup.policy", "compact")
             new.append(NewTopic(s.name, num_partitions=max(1, s.partitions),
                                 replication_factor=self.replication_factor, config=config))
-        futures = self._admin.create_topics(new, request_timeout=timeout, operation_timeout=timeout)
-        for name, fut in futures.items():
-            try:
-                self._wait(fut, timeout + 5)
-            except KafkaException as e:
-                err = _err(e)
-                if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    self.check_auth()
-                    raise BusError(f"cannot create topic {name}: {e}") from e
+        pending = {t.topic: t for t in new}
+
+        def attempt(left: float) -> KafkaError | None:
+            retry = None
+            futures = self._admin.create_topics(list(pending.values()), request_timeout=left,
+                                                operation_timeout=left)
+            for name, fut in futures.items():
+                try:
+                    self._wait(fut, left + 5)
+                except KafkaException as e:
+                    err = _err(e)
+                    if is_retriable(err):
+                        retry = err
+                        continue
+                    if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                        self.check_auth()
+                        raise BusError(f"cannot create topic {name}: {e}") from e
+                del pending[name]
+            return retry
+
+        retrying(f"cannot create topics {sorted(pending)}", attempt, timeout, on_retry=self.check_auth)
         self._auth_ok()
         self._wait_topics({s.name: max(1, s.partitions) for s in specs}, timeout)
 
@@ -343,7 +400,8 @@ class KafkaBus(Bus):
                 time.sleep(0.2)
 
     def _wait_topics(self, want: dict[str, int], timeout: float) -> None:
-        """Poll metadata until every topic has a leader for each of (at least) its partitions."""
+        """Poll metadata until every topic has a leader for each of (at least) its partitions:
+        ``create_topics`` returns only then, so the first produce or offset read finds them."""
         deadline = time.monotonic() + timeout
         pending = dict(want)
         while True:
@@ -372,10 +430,12 @@ class KafkaBus(Bus):
         if n is not None:
             return n
         try:
-            md = self._admin.list_topics(topic=topic, timeout=_TIMEOUT).topics.get(topic)
-        except KafkaException as e:
+            md = retrying(f"cannot read metadata of {topic} from {self.bootstrap}",
+                          lambda t: self._admin.list_topics(topic=topic, timeout=t).topics.get(topic),
+                          on_retry=self.check_auth)
+        except BusError:
             self.check_auth()
-            raise BusError(f"cannot read metadata of {topic} from {self.bootstrap}: {e}") from e
+            raise
         if md is not None and md.error is None and md.partitions:
             self._known[topic] = len(md.partitions)
             return self._known[topic]
@@ -395,12 +455,14 @@ class KafkaBus(Bus):
             with self._lock:
                 if self._meta is None:
                     self._meta = _RdConsumer({**self.consumer_config, "group.id": f"rlstream-meta-{uuid.uuid4().hex}"})
+        tp = TopicPartition(topic, partition)
         try:
-            return self._meta.get_watermark_offsets(TopicPartition(topic, partition), timeout=_TIMEOUT,
-                                                    cached=False)
-        except KafkaException as e:
+            return retrying(f"cannot read offsets of {topic}[{partition}]",
+                            lambda t: self._meta.get_watermark_offsets(tp, timeout=t, cached=False),
+                            on_retry=self.check_auth)
+        except BusError:
             self.check_auth()
-            raise BusError(f"cannot read offsets of {topic}[{partition}]: {e}") from e
+            raise
 
     def end_offsets(self, topic: str) -> dict[int, int]:
         return {p: self._watermarks(topic, p)[1] for p in range(self._partitions(topic))}
@@ -418,10 +480,8 @@ class KafkaBus(Bus):
             if reader is None:
                 reader = self._group_readers[group] = _RdConsumer(
                     {**self.consumer_config, "group.id": group, "error_cb": self._on_client_error})
-        try:
-            res = reader.committed([TopicPartition(topic, p) for p in parts], timeout=_TIMEOUT)
-        except KafkaException as e:
-            raise BusError(f"cannot read committed offsets of group {group} on {topic}: {e}") from e
+        res = retrying(f"cannot read committed offsets of group {group} on {topic}",
+                       lambda t: _first_error(reader.committed([TopicPartition(topic, p) for p in parts], timeout=t)))
         committed = {tp.partition: tp.offset for tp in res if tp.error is None}
         lag = 0
         for p in parts:
@@ -570,10 +630,11 @@ class KafkaConsumer(Consumer):
         committed: dict[TP, int] = {}
         if need:
             try:
-                for p in consumer.committed(need, timeout=_TIMEOUT):
+                for p in retrying(f"committed offsets of group {self.group}",
+                                  lambda t: _first_error(consumer.committed(need, timeout=t))):
                     if p.error is None and p.offset >= 0:
                         committed[(p.topic, p.partition)] = p.offset
-            except KafkaException as e:
+            except BusError as e:
                 log.warning("committed offsets of group %s unavailable (%s); using the reset policy",
                             self.group, e)
         positions: dict[TP, int] = {}
@@ -694,10 +755,9 @@ class KafkaConsumer(Consumer):
     def committed(self) -> dict[TP, int]:
         if self.group is None or not self._positions:
             return {}
-        try:
-            res = self._c.committed([TopicPartition(t, p) for t, p in self._positions], timeout=_TIMEOUT)
-        except KafkaException as e:
-            raise BusError(f"committed offsets of group {self.group}: {e}") from e
+        tps = [TopicPartition(t, p) for t, p in self._positions]
+        res = retrying(f"committed offsets of group {self.group}",
+                       lambda t: _first_error(self._c.committed(tps, timeout=t)))
         return {(p.topic, p.partition): p.offset for p in res if p.error is None and p.offset >= 0}
 
     def seek(self, topic: str, partition: int, offset: int) -> None:
