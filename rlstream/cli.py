@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import signal
 import sys
@@ -166,7 +167,7 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
             raise SystemExit(f"--resume: no run to resume in {run_dir} (no event log at {log_dir})")
         bus = BusConfig(kind="memory", bootstrap=bus.bootstrap, log_dir=str(log_dir))
     elif a.bus is None and default_bus == "kafka":
-        bus = BusConfig(kind="kafka", bootstrap=bus.bootstrap)
+        bus = dataclasses.replace(bus, kind="kafka", log_dir=None)
     streams_overrides = {}
     if a.max_versions is not None:
         streams_overrides["max_versions"] = a.max_versions

@@ -11,7 +11,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from streams.processors.pipeline import PrepareConfig
+from streams.topics import Retention, parse_retention
 from rlstream.obs.ports import ENV_BUS, ENV_KAFKA_BROKERS, ENV_REDIS_URL, ENV_RUN_ID, ENV_SNAPSHOT_STORE
+
+ENV_RETENTION = "RLSTREAM_RETENTION"
 
 
 @dataclass(frozen=True)
@@ -25,14 +28,22 @@ class BusConfig:
     log_dir: str | None = None
     """kind=memory: keep the log in files here (history and commits survive the process, so a
     run can resume and be replayed); None: purely in memory."""
+    retention: dict[str, Retention] = field(default_factory=dict)
+    """Per-topic retention over the defaults of ``streams.topics.RETENTION_MS``, applied when this
+    process creates the topics (env ``RLSTREAM_RETENTION``, see ``parse_retention``)."""
 
     @classmethod
     def from_env(cls, kind: str | None = None, bootstrap: str | None = None,
                  log_dir: str | None = None) -> "BusConfig":
+        try:
+            retention = parse_retention(os.environ.get(ENV_RETENTION, ""))
+        except ValueError as e:
+            raise SystemExit(f"{ENV_RETENTION}: {e}") from None
         return cls(
             kind=kind or os.environ.get(ENV_BUS, "memory"),
             bootstrap=bootstrap or os.environ.get(ENV_KAFKA_BROKERS, "127.0.0.1:9092"),
             log_dir=log_dir,
+            retention=retention,
         )
 
 

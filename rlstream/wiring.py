@@ -30,7 +30,7 @@ def build_bus(cfg: BusConfig) -> Bus:
         bus = make_bus("kafka", bootstrap=cfg.bootstrap)
     else:
         raise ValueError(f"unknown bus {cfg.kind!r}")
-    bus.create_topics(all_topics(cfg.partitions))
+    bus.create_topics(all_topics(cfg.partitions, cfg.retention))
     return bus
 
 

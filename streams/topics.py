@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -31,30 +32,89 @@ PUBLISHED_NS_HEADER = "rl-published-ns"
 #: fragment length and the learner's circuit breaker watch.
 STREAMS_GROUP = "rlstream-streams"
 
-# Retention -1: topics are the training record and must stay replayable (offline DPO, audits).
-_KEEP = {"retention.ms": "-1", "max.message.bytes": "16777216"}
+DAY_MS = 24 * 3600 * 1000
+#: Retention by topic when this process creates it (``retention.ms``; -1 keeps forever).
+#: Policy versions, gradient steps, preferences and dead letters are the run's record (replay,
+#: rollback, offline DPO, audits): kept. Samples are bulk and re-derivable: 30 days, as the
+#: deployment guide keeps training logs. Overrides: ``RLSTREAM_RETENTION`` (``parse_retention``).
+RETENTION_MS: dict[str, int] = {
+    POLICY_VERSIONS: -1,
+    SAMPLES_RAW: 30 * DAY_MS,
+    SAMPLES_PREPARED: 30 * DAY_MS,
+    LEARNER_STEPS: -1,
+    PREFERENCES: -1,
+    DEADLETTER: -1,
+}
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Kafka's ``retention.ms`` and ``retention.bytes`` (per partition) of one topic; -1: unbounded."""
+
+    ms: int = -1
+    bytes: int = -1
+
+    def config(self) -> dict[str, str]:
+        return {"retention.ms": str(self.ms), "retention.bytes": str(self.bytes)}
+
+
+def _spec(name: str, key: str) -> TopicSpec:
+    return TopicSpec(name, key=key, config={"max.message.bytes": "16777216",
+                                            **Retention(RETENTION_MS[name]).config()})
+
 
 TOPICS: dict[str, TopicSpec] = {
     t.name: t
     for t in (
-        TopicSpec(POLICY_VERSIONS, key="policy_id", config=_KEEP),
-        TopicSpec(SAMPLES_RAW, key="actor_id", config=_KEEP),
-        TopicSpec(SAMPLES_PREPARED, key="actor_id", config=_KEEP),
-        TopicSpec(LEARNER_STEPS, key="learner_id", config=_KEEP),
-        TopicSpec(PREFERENCES, key="env_id", config=_KEEP),
-        TopicSpec(DEADLETTER, key="original key", config=_KEEP),
+        _spec(POLICY_VERSIONS, "policy_id"),
+        _spec(SAMPLES_RAW, "actor_id"),
+        _spec(SAMPLES_PREPARED, "actor_id"),
+        _spec(LEARNER_STEPS, "learner_id"),
+        _spec(PREFERENCES, "env_id"),
+        _spec(DEADLETTER, "original key"),
         TopicSpec(SCHEMAS, key="schema fingerprint", compacted=True,
                   config={"cleanup.policy": "compact", "max.message.bytes": "1048576"}),
     )
 }
 
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": DAY_MS}
+_UNITS_BYTES = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
-def all_topics(partitions: int | None = None) -> list[TopicSpec]:
-    """Every topic; ``partitions`` overrides the count of the keyed data topics."""
-    if partitions is None:
-        return list(TOPICS.values())
-    return [
-        TopicSpec(t.name, t.key, partitions if t.name in (SAMPLES_RAW, SAMPLES_PREPARED) else t.partitions,
-                  t.compacted, t.config)
-        for t in TOPICS.values()
-    ]
+
+def parse_retention(text: str) -> dict[str, Retention]:
+    """``"rl.samples.raw=7d,rl.samples.prepared=30d/50g,rl.preferences=forever"`` -> per-topic
+    ``Retention``: a time (``ms``/``s``/``m``/``h``/``d`` suffix, ``forever`` or -1), optionally
+    ``/`` a size per partition (``k``/``m``/``g``/``t`` suffix, powers of 1024). Raises ValueError
+    naming what is wrong."""
+    out: dict[str, Retention] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        topic, sep, value = item.partition("=")
+        if not sep or topic.strip() not in RETENTION_MS:
+            raise ValueError(f"retention {item!r}: expected TOPIC=TIME[/SIZE] with TOPIC one of "
+                             f"{sorted(RETENTION_MS)}")
+        when, _, size = value.strip().partition("/")
+        out[topic.strip()] = Retention(_amount(when, _UNITS_MS, item), _amount(size or "-1", _UNITS_BYTES, item))
+    return out
+
+
+def _amount(text: str, units: dict[str, int], item: str) -> int:
+    text = text.strip().lower()
+    if text in ("forever", "-1"):
+        return -1
+    m = re.fullmatch(r"(\d+)\s*([a-z]*)", text)
+    if m is None or m[2] not in units:
+        raise ValueError(f"retention {item!r}: cannot read {text!r} (units: {', '.join(u for u in units if u)})")
+    return int(m[1]) * units[m[2]]
+
+
+def all_topics(partitions: int | None = None, retention: dict[str, Retention] | None = None) -> list[TopicSpec]:
+    """Every topic; ``partitions`` overrides the count of the keyed data topics, ``retention``
+    the retention of the topics it names (applied when the topics are created)."""
+    specs = []
+    for t in TOPICS.values():
+        if partitions is not None and t.name in (SAMPLES_RAW, SAMPLES_PREPARED):
+            t = replace(t, partitions=partitions)
+        if retention and t.name in retention:
+            t = replace(t, config={**t.config, **retention[t.name].config()})
+        specs.append(t)
+    return specs
