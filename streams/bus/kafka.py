@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -74,6 +75,68 @@ from streams.topics import TOPICS, TopicSpec
 
 log = logging.getLogger(__name__)
 _rdlog = logging.getLogger("rlstream.librdkafka")  # librdkafka's own log lines, not stderr
+LOG_INTERVAL_S = 10.0  # repeated client errors of one kind: one line per interval, with a count
+
+
+class ErrorLog:
+    """Client errors of this process, collapsed: the first of a kind is logged at once, the
+    repeats within ``interval`` seconds are counted into the next line of that kind, and one
+    line says when the connection recovered (``recovered()``, called on a successful round trip).
+    A broker outage so logs a few lines, not one per reconnect attempt of every client."""
+
+    def __init__(self, interval: float = LOG_INTERVAL_S) -> None:
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._kinds: dict[str, list] = {}  # kind -> [time of its last line, repeats since then]
+        self._errors = 0  # since the last recovery
+        self._first = 0.0
+        self.count = 0  # every error reported, logged or not
+
+    def error(self, logger: logging.Logger, level: int, kind: str, text: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if not self._errors:
+                self._first = now
+            self._errors += 1
+            self.count += 1
+            seen = self._kinds.get(kind)
+            if seen is not None and now - seen[0] < self.interval:
+                seen[1] += 1
+                return
+            repeats = seen[1] if seen is not None else 0
+            self._kinds[kind] = [now, 0]
+        more = f" (+{repeats} more like it in {self.interval:.0f}s)" if repeats else ""
+        logger.log(level, "%s%s", text, more)
+
+    def recovered(self, where: str = "") -> None:
+        if not self._errors:  # the common case, without the lock
+            return
+        with self._lock:
+            errors, first, self._errors = self._errors, self._first, 0
+            repeats = sum(k[1] for k in self._kinds.values())
+            self._kinds.clear()
+        if errors:
+            log.warning("kafka connection%s recovered after %d client error(s) over %.1fs (%d not logged)",
+                        f" to {where}" if where else "", errors, time.monotonic() - first, repeats)
+
+
+ERRORS = ErrorLog()
+_RD_NOISE = re.compile(r"\[thrd:[^\]]*\]:\s*|\d+")
+
+
+class _RdLogger:
+    """librdkafka's log lines (the clients' ``logger``) into ``rlstream.librdkafka``, collapsed
+    by kind (facility + text without numbers) through ``ERRORS``."""
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        fac, text = (args[0], args[-1]) if len(args) >= 3 else ("", fmt % args if args else fmt)
+        if level < logging.WARNING:
+            _rdlog.log(level, fmt, *args)
+            return
+        ERRORS.error(_rdlog, level, f"{fac}:{_RD_NOISE.sub('#', str(text))}", fmt % args if args else fmt)
+
+
+_RD_LOGGER = _RdLogger()
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # matches rlstream.broker's message.max.bytes
@@ -188,6 +251,7 @@ def retrying(what: str, call: Any, timeout: float = _TIMEOUT, on_retry: Any = No
             out = call(left)
             err = out if isinstance(out, KafkaError) else None
             if err is None:
+                ERRORS.recovered()
                 return out
             exc: BaseException = KafkaException(err)
         except KafkaException as e:
@@ -223,7 +287,7 @@ class KafkaBus(Bus):
         self.auto_create = auto_create
         self.replication_factor = replication_factor
         self.produce_timeout = produce_timeout
-        self.common = {"bootstrap.servers": self.bootstrap, "client.id": client_id, "logger": _rdlog,
+        self.common = {"bootstrap.servers": self.bootstrap, "client.id": client_id, "logger": _RD_LOGGER,
                        **kafka_client_config(config)}
         self.consumer_config = {**CONSUMER_DEFAULTS, **self.common, **(consumer_config or {})}
         pconf = {**PRODUCER_DEFAULTS, **self.common, **(producer_config or {})}
@@ -255,7 +319,8 @@ class KafkaBus(Bus):
             self._unraised += 1
             if len(self._failed) < _KEEP_ERRORS:
                 self._failed.append((msg.topic() or "?", err))
-        log.warning("kafka delivery to %s failed: %s", msg.topic(), err)
+        ERRORS.error(log, logging.WARNING, f"delivery:{msg.topic()}:{err.name()}",
+                     f"kafka delivery to {msg.topic()} failed: {err}")
 
     def _on_error(self, err: KafkaError) -> None:
         self._note_auth(err)
@@ -263,11 +328,11 @@ class KafkaBus(Bus):
             self._fatal = err
             log.error("kafka producer fatal error: %s", err)
         else:
-            log.warning("kafka producer: %s", err)
+            ERRORS.error(log, logging.WARNING, f"client:{err.name()}", f"kafka producer: {err}")
 
     def _on_client_error(self, err: KafkaError) -> None:
         self._note_auth(err)
-        log.warning("kafka client: %s", err)
+        ERRORS.error(log, logging.WARNING, f"client:{err.name()}", f"kafka client: {err}")
 
     # -- authentication ---------------------------------------------------------------------
     def _note_auth(self, err: KafkaError) -> None:
@@ -549,6 +614,7 @@ class KafkaBus(Bus):
             raise BusError(f"{left} record(s) not delivered within {timeout}s to {self.bootstrap}")
         if queued:
             self._auth_ok()
+            ERRORS.recovered(self.bootstrap)
 
     # -- consume ----------------------------------------------------------------------------
     def consumer(self, group: str | None, topics: list[str], start: StartAt = "earliest") -> "KafkaConsumer":
@@ -663,7 +729,7 @@ class KafkaConsumer(Consumer):
 
     def _on_error(self, err: KafkaError) -> None:
         self.bus._note_auth(err)
-        log.warning("kafka consumer (%s): %s", self.group, err)
+        ERRORS.error(log, logging.WARNING, f"client:{err.name()}", f"kafka consumer ({self.group}): {err}")
 
     # -- consume --------------------------------------------------------------------------------
     def poll(self, timeout: float = 1.0, max_records: int = 500) -> list[Record]:
@@ -691,7 +757,7 @@ class KafkaConsumer(Consumer):
                     continue
                 if err.fatal() or not err.retriable():
                     raise BusError(f"consumer of {self.topics}: {err}")
-                log.warning("consumer of %s: %s", self.topics, err)
+                ERRORS.error(log, logging.WARNING, f"consume:{err.name()}", f"consumer of {self.topics}: {err}")
                 continue
             tp = (m.topic(), m.partition())
             if tp not in positions:  # fetched before a revoke: not ours any more

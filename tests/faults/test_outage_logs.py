@@ -1,0 +1,75 @@
+"""A broker outage under a running producer and consumer logs a bounded number of lines: one
+per error kind per interval with a count (``streams.bus.kafka.ErrorLog``), and one line when
+the connection recovers."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from collections import Counter
+
+import pytest
+
+from streams.bus.base import BusError
+from streams.bus.kafka import ERRORS, LOG_INTERVAL_S, KafkaBus
+from streams.topics import TopicSpec
+
+from .conftest import FAST_CONSUMER, wait_for
+
+pytestmark = pytest.mark.kafka
+LOGGERS = ("rlstream.librdkafka", "streams.bus.kafka")
+
+
+def test_broker_outage_logs_few_lines_and_one_recovery(private_kafka, caplog):
+    topic = f"t-outage-{uuid.uuid4().hex[:8]}"
+    bus = KafkaBus(private_kafka.bootstrap, client_id="rlstream-test", consumer_config=FAST_CONSUMER)
+    bus.create_topics([TopicSpec(topic, key="test", partitions=1)])
+    consumer = bus.consumer("g-outage", [topic])
+    got: list = []
+
+    def step() -> None:
+        """What a role does: produce, try to deliver, consume."""
+        bus.produce(topic, b"x", key=b"k")
+        try:
+            bus.flush(0.3)
+        except BusError:
+            pass  # undelivered while the broker is down: librdkafka keeps them queued
+        got.extend(consumer.poll(0.2))
+
+    def outage_lines() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.name in LOGGERS and r.levelno >= logging.WARNING]
+
+    try:
+        wait_for(lambda: step() or len(got) >= 3, 60, "records flowing before the outage", every=0)
+        caplog.clear()
+        caplog.set_level(logging.WARNING)
+        errors_before = ERRORS.count
+        t_down = time.monotonic()
+        private_kafka.kafka.kill()
+        # Many client errors: every client reconnects again and again, librdkafka logs each.
+        wait_for(lambda: step() or ERRORS.count - errors_before >= 60, 120,
+                 "60 client errors during the outage", every=0)
+        during = len(outage_lines())
+        errors = ERRORS.count - errors_before
+        private_kafka.kafka.start(timeout=120)
+        recovered = lambda: [r for r in outage_lines() if "recovered after" in r.getMessage()]  # noqa: E731
+        wait_for(lambda: step() or recovered(), 120, "a 'recovered' line after the restart", every=0,
+                 on_timeout=lambda: "\n".join(r.getMessage() for r in outage_lines()))
+        outage_s = time.monotonic() - t_down
+        n = len(got)
+        wait_for(lambda: step() or len(got) > n, 60, "records flowing after the outage", every=0)
+    finally:
+        consumer.close()
+        bus.close(timeout=10)
+    lines = outage_lines()
+    print(f"OUTAGE client errors={errors} lines during outage={during} total lines={len(lines)}")
+    print("\n".join(f"{r.name}: {r.getMessage()}" for r in lines))
+    assert errors >= 60 and during <= errors // 5, (errors, during)
+    # One line per error kind (client names and numbers aside) per interval, with its count.
+    kinds = Counter(re.sub(r" \(\+\d+ more like it.*\)$|\[[^\]]*\]|\d+", "", r.getMessage()) for r in lines)
+    per_kind = int(outage_s // LOG_INTERVAL_S) + 2
+    assert max(kinds.values()) <= per_kind, kinds
+    assert any("more like it" in r.getMessage() for r in lines)
+    assert len(recovered()) == 1
