@@ -7,7 +7,10 @@ so ``bus`` numbers are the transport alone. Each case produces for ``--seconds``
 from offset 0; events/s = n / (produce + flush + consume time).
 
 Prints one JSON document: both backends side by side and the targets
-(memory >= 200k small events/s; Kafka >= 50 MB/s for 256 KiB events).
+(memory >= 200k small events/s; Kafka >= 50 MB/s for 256 KiB events). ``disk`` reports the
+bytes on disk per 1M samples (env steps): Kafka's log (DescribeLogDirs, through Kafka's own
+``kafka-log-dirs`` tool) beside the file log of co-located runs (``MemoryBus(path=...)``) and the
+encoded payload itself, all for the same events.
 
     python bench/bus.py --bootstrap 127.0.0.1:9092 --seconds 2
     python bench/bus.py --count 20000 --backends memory
@@ -20,6 +23,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -70,7 +74,8 @@ def time_codec(codec: Codec, events: list, payloads: list[bytes], budget: float 
 
 
 def run_case(bus: Bus, payloads: list[bytes], seconds: float | None, count: int | None,
-             max_count: int, partitions: int) -> dict:
+             max_count: int, partitions: int, disk=None) -> dict:
+    """``disk(topic) -> bytes``, when given, measures the topic's size on disk after the flush."""
     topic = f"bench-bus-{uuid.uuid4().hex[:10]}"
     bus.create_topics([TopicSpec(topic, key="actor_id", partitions=partitions,
                                  config={"max.message.bytes": str(16 * MiB), "retention.ms": "600000"})])
@@ -98,6 +103,7 @@ def run_case(bus: Bus, payloads: list[bytes], seconds: float | None, count: int 
         t_produce = time.perf_counter() - t0
         ends = bus.end_offsets(topic)
         assert sum(ends.values()) == n, f"{sum(ends.values())} records in the log, {n} produced"
+        on_disk = disk(topic) if disk is not None else None
 
         # consume (a fresh reader from offset 0)
         c = bus.consumer(None, [topic], start="earliest")
@@ -131,6 +137,7 @@ def run_case(bus: Bus, payloads: list[bytes], seconds: float | None, count: int 
         "MB_per_s": round(n * size / total / MiB, 1),
         "produce_MB_per_s": round(n * size / t_produce / MiB, 1),
         "consume_MB_per_s": round(n * size / t_consume / MiB, 1),
+        **({"disk_bytes": on_disk} if on_disk is not None else {}),
     }
 
 
@@ -142,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--count", type=int, default=None, help="events per case")
     ap.add_argument("--max-count", type=int, default=400_000, help="cap on events per case with --seconds")
     ap.add_argument("--partitions", type=int, default=4)
-    ap.add_argument("--backends", default="memory,kafka")
+    ap.add_argument("--backends", default="memory,kafka,memory-files",
+                    help="memory-files: the in-memory bus with its file log (co-located runs), for disk use")
     ap.add_argument("--producer-config", type=json.loads, default=None, help="JSON librdkafka overrides")
     ap.add_argument("--consumer-config", type=json.loads, default=None, help="JSON librdkafka overrides")
     args = ap.parse_args(argv)
@@ -166,12 +174,19 @@ def main(argv: list[str] | None = None) -> int:
             "kafka: broker on the same host; produce_s includes flush (acks=all, every record durable)",
         ],
     }
+    tmp = tempfile.TemporaryDirectory(prefix="bench-bus-")
     for backend in args.backends.split(","):
+        disk = None
         try:
             if backend == "memory":
                 from streams.bus.memory import MemoryBus
 
                 bus: Bus = MemoryBus()
+            elif backend == "memory-files":
+                from streams.bus.memory import MemoryBus
+
+                bus = MemoryBus(path=Path(tmp.name) / "log")
+                disk = lambda topic: dir_bytes(Path(tmp.name) / "log" / topic)  # noqa: E731
             elif backend == "kafka":
                 from streams.bus.kafka import KafkaBus
 
@@ -179,15 +194,18 @@ def main(argv: list[str] | None = None) -> int:
                                producer_config=args.producer_config, consumer_config=args.consumer_config)
                 doc["params"]["kafka_producer"] = bus_config(bus, "producer")
                 doc["params"]["kafka_consumer"] = bus_config(bus, "consumer")
+                disk = kafka_disk(args.bootstrap)
             else:
                 raise ValueError(f"unknown backend {backend}")
             with bus:
                 doc["backends"][backend] = {
-                    k: run_case(bus, v["payloads"], seconds, args.count, args.max_count, args.partitions)
+                    k: run_case(bus, v["payloads"], seconds, args.count, args.max_count, args.partitions, disk)
                     for k, v in data.items()
                 }
         except Exception as e:  # report a backend that cannot run, keep the other
             doc["backends"][backend] = {"error": f"{type(e).__name__}: {e}"}
+    tmp.cleanup()
+    doc["disk"] = disk_report(doc["backends"], data)
 
     b = doc["backends"]
     doc["met"] = {
@@ -198,6 +216,32 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(doc, indent=1))
     return 0
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def kafka_disk(bootstrap: str):
+    """``topic -> bytes`` on the brokers' disks (Kafka's own kafka-log-dirs tool)."""
+    from rlstream.kafka_tools import log_dir_bytes
+
+    return lambda topic: log_dir_bytes(bootstrap, [topic])[topic]
+
+
+def disk_report(backends: dict, data: dict) -> dict:
+    """Bytes on disk per 1M samples (env steps) per backend and event size, with the encoded
+    payload per 1M samples as the floor every backend is compared to."""
+    out: dict = {}
+    for size, d in data.items():
+        t, n = d["shape"][:2]
+        row = {"payload": round(d["bytes"] / (t * n) * 1e6)}
+        for backend, cases in backends.items():
+            case = cases.get(size, {})
+            if "disk_bytes" in case:
+                row[backend] = round(case["disk_bytes"] / (case["events"] * t * n) * 1e6)
+        out[f"{size}_bytes_per_1M_samples"] = row
+    return out
 
 
 def bus_config(bus, role: str) -> dict:

@@ -5,6 +5,7 @@ What a Kafka user would check rlstream with, so tests can assert against it::
     rows = describe_group("127.0.0.1:9092", "learner")   # kafka-consumer-groups --describe
     rows[0]["CURRENT-OFFSET"], rows[0]["LOG-END-OFFSET"], rows[0]["LAG"]   # ints (None for "-")
     out = run_tool(CONSUMER_GROUPS, "--list", bootstrap=b).stdout
+    log_dir_bytes(b, ["t"])                                   # {"t": bytes on the brokers' disks}
     producer_perf(b, "t", records=10000, record_size=1024)   # {"records/sec": ..., ...}
     consumer_perf(b, "t", messages=10000)                     # {"MB.sec": ..., "nMsg.sec": ...}
 
@@ -16,6 +17,7 @@ Standard library only, like ``rlstream.broker``.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import tempfile
@@ -27,6 +29,7 @@ from rlstream import broker
 CONSUMER_GROUPS = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"
 PRODUCER_PERF = "org.apache.kafka.tools.ProducerPerformance"
 CONSUMER_PERF = "org.apache.kafka.tools.ConsumerPerformance"
+LOG_DIRS = "org.apache.kafka.tools.LogDirsCommand"
 
 
 class ToolError(broker.BrokerError):
@@ -144,4 +147,19 @@ def consumer_perf(bootstrap: str, topic: str, messages: int, **kw) -> dict[str, 
             out[h] = float(v)
         except ValueError:
             continue
+    return out
+
+
+def log_dir_bytes(bootstrap: str, topics: list[str], **kw) -> dict[str, int]:
+    """``kafka-log-dirs --describe`` (DescribeLogDirs): bytes each topic takes on the brokers'
+    disks, summed over partitions, replicas and log dirs."""
+    res = run_tool(LOG_DIRS, "--describe", "--topic-list", ",".join(topics), bootstrap=bootstrap, **kw)
+    doc = json.loads(next(line for line in res.stdout.splitlines() if line.startswith("{")))
+    out = dict.fromkeys(topics, 0)
+    for b in doc["brokers"]:
+        for d in b["logDirs"]:
+            for p in d["partitions"]:
+                topic = p["partition"].rsplit("-", 1)[0]
+                if topic in out:
+                    out[topic] += int(p["size"])
     return out
