@@ -19,7 +19,8 @@ from schemas.codec import HEADER_LEN, MAGIC, Codec
 from schemas.events import EVENT_TYPES, from_datum, to_datum
 from schemas.examples import events_equal, example_events
 from schemas.registry import AVSC_DIR, SchemaRegistry
-from tests.interop.jvm import JAVA_SRC, java_program
+
+from .jvm import JAVA_SRC, java_program
 
 AVRO_VERSION = "1.12.1"
 AVRO = [("org.apache.avro", "avro", AVRO_VERSION)]

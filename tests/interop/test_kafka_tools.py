@@ -10,10 +10,11 @@ import pytest
 from rlstream import broker, kafka_tools
 from streams.bus.kafka import KafkaBus
 from streams.topics import TopicSpec
-from tests.conftest import TEST_CONSUMER_CONFIG
-from tests.interop.jvm import need
+
+from .jvm import need
 
 pytestmark = pytest.mark.kafka
+FAST_GROUP = {"heartbeat.interval.ms": 500, "session.timeout.ms": 6000}  # notice rebalances fast
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def tools():
 
 def test_committed_offsets_read_back_with_consumer_group_command(tools, kafka_bootstrap):
     topic, group = f"t-kafka-tools-{uuid.uuid4().hex[:10]}", f"g-kafka-tools-{uuid.uuid4().hex[:8]}"
-    with KafkaBus(kafka_bootstrap, client_id="rlstream-test", consumer_config=TEST_CONSUMER_CONFIG) as bus:
+    with KafkaBus(kafka_bootstrap, client_id="rlstream-test", consumer_config=FAST_GROUP) as bus:
         bus.create_topics([TopicSpec(topic, key="test", partitions=2)])
         try:
             for p, n in ((0, 7), (1, 5)):

@@ -12,7 +12,9 @@ from confluent_kafka import KafkaError, KafkaException
 from streams.bus.base import BusError
 from streams.bus.kafka import KafkaBus, is_retriable, retrying
 from streams.topics import TopicSpec
-from tests.conftest import TEST_CONSUMER_CONFIG
+
+
+FAST_GROUP = {"heartbeat.interval.ms": 500, "session.timeout.ms": 6000}  # notice rebalances fast
 
 
 @pytest.mark.parametrize("code", [
@@ -77,7 +79,7 @@ def test_fresh_topics_are_usable_at_once(kafka_bootstrap):
     """Offsets, produce, consume, group offsets right after create_topics: no retriable error
     reaches the caller (several topics of several partitions, so leaders are elected late)."""
     names = [f"t-fresh-{uuid.uuid4().hex[:10]}" for _ in range(6)]
-    with KafkaBus(kafka_bootstrap, client_id="rlstream-test", consumer_config=TEST_CONSUMER_CONFIG) as bus:
+    with KafkaBus(kafka_bootstrap, client_id="rlstream-test", consumer_config=FAST_GROUP) as bus:
         try:
             bus.create_topics([TopicSpec(n, key="test", partitions=4) for n in names])
             with KafkaBus(kafka_bootstrap, client_id="rlstream-test-2") as other:  # knows nothing cached
