@@ -26,6 +26,12 @@ How the memory semantics (``streams.bus.base``) map onto Kafka:
   (``UNKNOWN_MEMBER_ID``/``ILLEGAL_GENERATION`` after a rebalance or a broker restart) is
   dropped with a warning (``commit_failures`` counts both): the records are redelivered, at
   least once, as after a crash. Other commit errors raise ``BusError``.
+- admin, metadata and offset calls retry the errors of a settling cluster (no leader elected yet
+  after a create, a coordinator loading, leadership moving, a request timed out; ``RETRIABLE``)
+  until their deadline (``retrying``); ``create_topics`` returns once every partition has a leader.
+- client errors (error callbacks, librdkafka's log, consume errors) are logged once per kind per
+  ``LOG_INTERVAL_S`` with a count of the repeats, and one line says when the connection recovered
+  (``ErrorLog``): a broker outage does not flood the logs.
 - a refused login (wrong SASL credentials) makes an operation that fails or times out raise
   ``BusAuthenticationError``, naming the settings in use, instead of a bare timeout
   (librdkafka only logs the refusal and retries); ``create_topics``, the first call of every
@@ -92,12 +98,15 @@ class ErrorLog:
         self._first = 0.0
         self.count = 0  # every error reported, logged or not
 
-    def error(self, logger: logging.Logger, level: int, kind: str, text: str) -> None:
+    def error(self, logger: logging.Logger, level: int, kind: str, text: str, connection: bool = True) -> None:
+        """Log ``text`` unless ``kind`` was logged less than ``interval`` ago (then count it).
+        ``connection``: the error is of the connection, so a later round trip is its recovery."""
         now = time.monotonic()
         with self._lock:
-            if not self._errors:
-                self._first = now
-            self._errors += 1
+            if connection:
+                if not self._errors:
+                    self._first = now
+                self._errors += 1
             self.count += 1
             seen = self._kinds.get(kind)
             if seen is not None and now - seen[0] < self.interval:
@@ -320,7 +329,7 @@ class KafkaBus(Bus):
             if len(self._failed) < _KEEP_ERRORS:
                 self._failed.append((msg.topic() or "?", err))
         ERRORS.error(log, logging.WARNING, f"delivery:{msg.topic()}:{err.name()}",
-                     f"kafka delivery to {msg.topic()} failed: {err}")
+                     f"kafka delivery to {msg.topic()} failed: {err}", connection=False)
 
     def _on_error(self, err: KafkaError) -> None:
         self._note_auth(err)
