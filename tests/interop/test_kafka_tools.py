@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -37,8 +38,10 @@ def test_committed_offsets_read_back_with_consumer_group_command(tools, kafka_bo
             bus.flush()
             with bus.consumer(group, [topic]) as c:
                 got: list = []
-                while len(got) < 12:
+                deadline = time.monotonic() + 60
+                while len(got) < 12 and time.monotonic() < deadline:
                     got += c.poll(1.0)
+                assert len(got) == 12
                 c.commit(offsets={(topic, 0): 7, (topic, 1): 2})
             rows = tools.describe_group(kafka_bootstrap, group)
             print(rows.text)
