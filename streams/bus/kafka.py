@@ -96,6 +96,7 @@ class ErrorLog:
         self._kinds: dict[str, list] = {}  # kind -> [time of its last line, repeats since then]
         self._errors = 0  # since the last recovery
         self._first = 0.0
+        self._recovered_at = -interval  # when the last "recovered" line was logged
         self.count = 0  # every error reported, logged or not
 
     def error(self, logger: logging.Logger, level: int, kind: str, text: str, connection: bool = True) -> None:
@@ -117,10 +118,20 @@ class ErrorLog:
         more = f" (+{repeats} more like it in {self.interval:.0f}s)" if repeats else ""
         logger.log(level, "%s%s", text, more)
 
+    def outage(self) -> bool:
+        """Connection errors since the last recovery (the broker may be unreachable)."""
+        return self._errors > 0
+
     def recovered(self, where: str = "") -> None:
+        """A round trip succeeded: log the recovery, at most once per interval (a connection that
+        flaps while the broker restarts adds its errors to the next line)."""
         if not self._errors:  # the common case, without the lock
             return
+        now = time.monotonic()
         with self._lock:
+            if now - self._recovered_at < self.interval:
+                return
+            self._recovered_at = now
             errors, first, self._errors = self._errors, self._first, 0
             repeats = sum(k[1] for k in self._kinds.values())
             self._kinds.clear()
@@ -217,6 +228,9 @@ _TRANSIENT = {KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
               KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.REQUEST_TIMED_OUT, KafkaError._TRANSPORT,
               KafkaError._TIMED_OUT, KafkaError._WAIT_COORD, KafkaError._ALL_BROKERS_DOWN}
 COMMIT_RETRY_S = 10.0
+# A flush that times out while the broker is unreachable (a restart) waits this much longer for
+# the broker: librdkafka keeps the records queued, they are delivered once it is back.
+OUTAGE_WAIT_S = 120.0
 # Errors of a cluster that is settling, not of a wrong request: a partition whose leader is not
 # elected yet (or moved) right after a create or a restart, a topic not yet in every broker's
 # metadata, a group coordinator loading its offsets, a request that timed out. Every admin,
@@ -287,15 +301,18 @@ class KafkaBus(Bus):
         auto_create: bool = True,
         replication_factor: int = -1,
         produce_timeout: float = 30.0,
+        outage_wait: float = OUTAGE_WAIT_S,
     ) -> None:
         """``replication_factor`` -1 takes the broker's default; ``auto_create`` creates a topic
         met in produce/consume that does not exist (its ``streams.topics`` spec, else 1
-        partition), as memory does; ``produce_timeout`` bounds waiting on a full local queue."""
+        partition), as memory does; ``produce_timeout`` bounds waiting on a full local queue;
+        ``outage_wait``: how much longer ``flush`` waits while the broker is unreachable."""
         self.bootstrap = bootstrap or os.environ.get("KAFKA_BROKERS") or DEFAULT_BOOTSTRAP
         self.client_id = client_id
         self.auto_create = auto_create
         self.replication_factor = replication_factor
         self.produce_timeout = produce_timeout
+        self.outage_wait = outage_wait
         self.common = {"bootstrap.servers": self.bootstrap, "client.id": client_id, "logger": _RD_LOGGER,
                        **kafka_client_config(config)}
         self.consumer_config = {**CONSUMER_DEFAULTS, **self.common, **(consumer_config or {})}
@@ -605,6 +622,13 @@ class KafkaBus(Bus):
     def flush(self, timeout: float = 30.0) -> None:
         queued = len(self._producer)
         left = self._producer.flush(timeout)
+        if left and self.outage_wait > 0 and ERRORS.outage():
+            log.warning("%d record(s) not delivered within %.0fs: broker %s unreachable, waiting up to "
+                        "%.0fs more", left, timeout, self.bootstrap, self.outage_wait)
+            deadline = time.monotonic() + self.outage_wait
+            while left and time.monotonic() < deadline:
+                self.check_auth()
+                left = self._producer.flush(1.0)
         with self._lock:
             failed, self._failed = self._failed, []
             count, self._unraised = self._unraised, 0

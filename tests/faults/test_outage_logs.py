@@ -1,11 +1,13 @@
 """A broker outage under a running producer and consumer logs a bounded number of lines: one
 per error kind per interval with a count (``streams.bus.kafka.ErrorLog``), and one line when
-the connection recovers."""
+the connection recovers. A flush started during the outage waits for the broker past its own
+timeout (``KafkaBus.outage_wait``) and delivers."""
 
 from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 import uuid
 from collections import Counter
@@ -13,7 +15,7 @@ from collections import Counter
 import pytest
 
 from streams.bus.base import BusError
-from streams.bus.kafka import ERRORS, LOG_INTERVAL_S, KafkaBus
+from streams.bus.kafka import ERRORS, LOG_INTERVAL_S, OUTAGE_WAIT_S, KafkaBus
 from streams.topics import TopicSpec
 
 from .conftest import FAST_CONSUMER, wait_for
@@ -24,10 +26,13 @@ LOGGERS = ("rlstream.librdkafka", "streams.bus.kafka")
 
 def test_broker_outage_logs_few_lines_and_one_recovery(private_kafka, caplog):
     topic = f"t-outage-{uuid.uuid4().hex[:8]}"
-    bus = KafkaBus(private_kafka.bootstrap, client_id="rlstream-test", consumer_config=FAST_CONSUMER)
+    # outage_wait=0: a flush gives up at its timeout, so the loop keeps consuming meanwhile
+    bus = KafkaBus(private_kafka.bootstrap, client_id="rlstream-test", consumer_config=FAST_CONSUMER,
+                   outage_wait=0)
     bus.create_topics([TopicSpec(topic, key="test", partitions=1)])
     consumer = bus.consumer("g-outage", [topic])
     got: list = []
+    patient_flush: list = []
 
     def step() -> None:
         """What a role does: produce, try to deliver, consume."""
@@ -43,6 +48,8 @@ def test_broker_outage_logs_few_lines_and_one_recovery(private_kafka, caplog):
 
     try:
         wait_for(lambda: step() or len(got) >= 3, 60, "records flowing before the outage", every=0)
+        patient = KafkaBus(private_kafka.bootstrap, client_id="rlstream-test-patient")
+        assert patient.partitions(topic) == 1  # it knows the topic before the outage
         caplog.clear()
         caplog.set_level(logging.WARNING)
         errors_before = ERRORS.count
@@ -53,6 +60,10 @@ def test_broker_outage_logs_few_lines_and_one_recovery(private_kafka, caplog):
                  "60 client errors during the outage", every=0)
         during = len(outage_lines())
         errors = ERRORS.count - errors_before
+        # A role's flush (default outage_wait) outlasts its timeout while the broker is down.
+        patient.produce(topic, b"during the outage", key=b"k")
+        flusher = threading.Thread(target=lambda: patient_flush.append(_flush(patient, 1.0)))
+        flusher.start()
         private_kafka.kafka.start(timeout=120)
         recovered = lambda: [r for r in outage_lines() if "recovered after" in r.getMessage()]  # noqa: E731
         wait_for(lambda: step() or recovered(), 120, "a 'recovered' line after the restart", every=0,
@@ -60,6 +71,8 @@ def test_broker_outage_logs_few_lines_and_one_recovery(private_kafka, caplog):
         outage_s = time.monotonic() - t_down
         n = len(got)
         wait_for(lambda: step() or len(got) > n, 60, "records flowing after the outage", every=0)
+        flusher.join(OUTAGE_WAIT_S)
+        patient.close(timeout=10)
     finally:
         consumer.close()
         bus.close(timeout=10)
@@ -73,3 +86,12 @@ def test_broker_outage_logs_few_lines_and_one_recovery(private_kafka, caplog):
     assert max(kinds.values()) <= per_kind, kinds
     assert any("more like it" in r.getMessage() for r in lines)
     assert len(recovered()) == 1
+    assert patient_flush == ["delivered"], patient_flush
+
+
+def _flush(bus: KafkaBus, timeout: float) -> str:
+    try:
+        bus.flush(timeout)
+        return "delivered"
+    except BusError as e:
+        return f"failed: {e}"
