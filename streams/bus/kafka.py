@@ -29,6 +29,8 @@ How the memory semantics (``streams.bus.base``) map onto Kafka:
 - admin, metadata and offset calls retry the errors of a settling cluster (no leader elected yet
   after a create, a coordinator loading, leadership moving, a request timed out; ``RETRIABLE``)
   until their deadline (``retrying``); ``create_topics`` returns once every partition has a leader.
+  A ``flush`` that times out while the broker is unreachable waits ``outage_wait`` more (a broker
+  restart): the records stay queued in librdkafka and are delivered once it is back.
 - client errors (error callbacks, librdkafka's log, consume errors) are logged once per kind per
   ``LOG_INTERVAL_S`` with a count of the repeats, and one line says when the connection recovered
   (``ErrorLog``): a broker outage does not flood the logs.
