@@ -248,6 +248,16 @@ def test_pom_and_log4j():
     assert "log4j.logger.kafka.request.logger=WARN" in log4j
 
 
+def test_maven_fetch_of_any_coordinates(tmp_path, monkeypatch):
+    pom = broker.render_maven_pom("tools", [("org.apache.kafka", "kafka-tools", "3.9.1")])
+    assert "<artifactId>kafka-tools</artifactId>" in pom and "<artifactId>tools</artifactId>" in pom
+    coords = [("org.apache.avro", "avro", "1.12.1")]
+    assert not broker.maven_is_fetched(tmp_path / "lib", coords)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(broker.BrokerError, match="mvn not found"):
+        broker.fetch_maven(tmp_path, coords, what="Avro")
+
+
 def test_cluster_id_format():
     for _ in range(200):
         cid = broker.new_cluster_id()
