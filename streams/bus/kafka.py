@@ -336,6 +336,7 @@ class KafkaBus(Bus):
         self._known: dict[str, int] = {}  # topic -> partitions, seen in metadata
         self._meta: _RdConsumer | None = None  # for watermark queries
         self._group_readers: dict[str, _RdConsumer] = {}  # group -> committed-offset reader (group_lag)
+        self._produced = 0  # records produced since the last flush that delivered them all
         self._closed = False
 
     # -- callbacks (run inside producer.poll/flush) ----------------------------------------
@@ -619,10 +620,12 @@ class KafkaBus(Bus):
                         f"record of {size} bytes exceeds message.max.bytes={self.max_message_bytes} on {topic}"
                     ) from e
                 raise BusError(f"produce to {topic} failed: {e}") from e
+        self._produced += 1
         self._producer.poll(0)
 
     def flush(self, timeout: float = 30.0) -> None:
-        queued = len(self._producer)
+        queued = len(self._producer)  # records, and events such as error callbacks
+        produced = self._produced
         left = self._producer.flush(timeout)
         if left and self.outage_wait > 0 and ERRORS.outage():
             log.warning("%d record(s) not delivered within %.0fs: broker %s unreachable, waiting up to "
@@ -635,6 +638,7 @@ class KafkaBus(Bus):
             failed, self._failed = self._failed, []
             count, self._unraised = self._unraised, 0
         if failed:
+            self._produced = 0
             first_topic, first = failed[0]
             kinds = sorted({e.name() for _, e in failed})
             msg = (f"{count} record(s) failed delivery ({', '.join(kinds)}); first on {first_topic}: "
@@ -649,6 +653,8 @@ class KafkaBus(Bus):
             raise BusError(f"{left} record(s) not delivered within {timeout}s to {self.bootstrap}")
         if queued:
             self._auth_ok()
+        if produced:  # records reached the broker (not only callbacks served): a round trip
+            self._produced -= produced
             ERRORS.recovered(self.bootstrap)
 
     # -- consume ----------------------------------------------------------------------------
