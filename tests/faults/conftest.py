@@ -20,14 +20,9 @@ thread), under the Faust app's consumer group, which the learner's circuit break
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import threading
-import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
@@ -42,6 +37,9 @@ from streams.topics import (
     SAMPLES_PREPARED,
     SAMPLES_RAW,
 )
+from tests.support import Role, free_ports, wait_for
+
+__all__ = ["Role", "wait_for"]
 
 ENV_ID = "Pendulum-v1"  # obs 3, act 1: the cheapest continuous-control env gymnasium has
 FRAGMENT = 32  # steps per SampleBatch (one env)
@@ -49,27 +47,6 @@ STREAMS_GROUP = "rlstream-streams"  # the Faust app id: the group the learner's 
 SASL_USERS = {"svc": "svc-secret", "admin": "admin-secret"}
 # Clients of the test process: notice a dead group member in ~1 s (the broker allows it).
 FAST_CONSUMER = {"heartbeat.interval.ms": 300, "session.timeout.ms": 2000}
-
-
-def _free_ports(n: int) -> list[int]:
-    """``n`` free ports where the first two are adjacent (LocalKafka's controller is port + 1)."""
-    from rlstream.broker import port_is_free
-
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        ports = [base, base + 1]
-        if base + 1 >= 65535 or not (port_is_free(base) and port_is_free(base + 1)):
-            continue
-        while len(ports) < n:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                p = s.getsockname()[1]
-            if p not in ports:
-                ports.append(p)
-        return ports
-    raise RuntimeError("no free ports on 127.0.0.1")
 
 
 @dataclass
@@ -94,7 +71,7 @@ def private_kafka(tmp_path_factory):
     (no java / jars), failed instead when ``CI=true``."""
     from rlstream.broker import BrokerError, LocalKafka
 
-    port, controller, sasl = _free_ports(3)
+    port, controller, sasl = free_ports(3)
     host = "127.0.0.1"
     extra = {
         "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller},SASL_PLAINTEXT://{host}:{sasl}",
@@ -123,46 +100,6 @@ def private_kafka(tmp_path_factory):
 
 
 # --- roles -------------------------------------------------------------------------------------
-
-class Role:
-    """A role process (``rlstream learner|actor``) with its log file."""
-
-    def __init__(self, name: str, cmd: list[str], log: Path, env: dict[str, str]) -> None:
-        self.name = name
-        self.log = log
-        self._out = log.open("ab")
-        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL: no snapshot, no flush, no commit, no goodbye to the group."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-        self._out.close()
-
-    def stop(self, timeout: float = 30.0) -> dict:
-        """SIGTERM, wait, and return the role's JSON summary (``{}`` if it printed none)."""
-        if self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                raise AssertionError(f"{self.name} ignored SIGTERM for {timeout:.0f}s:\n{self.tail()}")
-        self._out.close()
-        for line in reversed(self.log.read_text(errors="replace").splitlines()):
-            if line.startswith('{"summary"'):
-                return json.loads(line)["summary"]
-        return {}
-
-    def tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
 
 class SimulatedCrash(Exception):
     """Raised inside the streams worker by ``StreamsThread.crash_once``."""
@@ -385,14 +322,6 @@ def all_trained(raw: TopicCounter, steps: TopicCounter) -> bool:
     steps.poll()
     trained = {i for s in steps.items for i in s.batch_ids}
     return all(b.batch_id in trained for b in raw.items)
-
-
-def wait_for(pred, timeout: float, what: str, every: float = 0.5, on_timeout=lambda: "") -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{on_timeout()}")
-        time.sleep(every)
 
 
 class TopicCounter:
