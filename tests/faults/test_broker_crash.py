@@ -18,7 +18,7 @@ from streams.topics import LEARNER_STEPS, SAMPLES_RAW
 
 from .conftest import Ledger, TopicCounter, all_trained, check_trained_once, wait_for
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 CODEC = Codec()
 
 

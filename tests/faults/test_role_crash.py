@@ -32,7 +32,7 @@ from streams.topics import LEARNER_STEPS, SAMPLES_RAW
 
 from .conftest import Ledger, TopicCounter, all_trained, check_trained_once, wait_for
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 CODEC = Codec()
 
 
@@ -43,12 +43,24 @@ def test_learner_sigkill_resumes_from_snapshot_and_offsets(private_kafka, rig):
         streams = rig.start_streams()
         first = rig.learner()
         actor = rig.actor(0)
-        # snapshot_every=3: the snapshot of update 3 exists once 4 updates are out; kill then,
-        # so (most likely) an update or two after the snapshot die with the process.
-        wait_for(lambda: steps.poll() >= 4, 120, "4 updates of the first learner", on_timeout=rig.logs)
+        # snapshot_every=3. Freeze the learner (SIGSTOP) once it has published updates past its
+        # newest snapshot; let it go on if not yet; SIGKILL it frozen: those updates die with it.
+        store = open_store(rig.run_dir / "snapshots", keep_last=None)
+
+        def frozen_past_a_snapshot() -> bool:
+            if steps.poll() < 4:
+                return False
+            first.pause()
+            steps.poll()
+            if max(s.to_version for s in steps.items) > (store.latest() or 0) > 0:
+                return True
+            first.resume()
+            return False
+
+        wait_for(frozen_past_a_snapshot, 120, "updates of the first learner past a snapshot", every=0.3,
+                 on_timeout=rig.logs)
         first.kill()
         life1 = Ledger.read(private_kafka.bootstrap)
-        store = open_store(rig.run_dir / "snapshots", keep_last=None)
         v_s = store.latest()
         assert v_s is not None, "the first learner left no snapshot"
         _, meta = store.load(v_s)
@@ -76,6 +88,7 @@ def test_learner_sigkill_resumes_from_snapshot_and_offsets(private_kafka, rig):
     after = {i for s in s1 if s.to_version > v_s for i in s.batch_ids}
     assert covered == snapshot_ids, "the snapshot's trained ids are not what was trained up to it"
     assert not set(ids2) & snapshot_ids, "the resumed learner retrained batches its snapshot holds"
+    assert after, "the learner was killed with no update past its snapshot"
     assert set(ids1) & set(ids2) == after, "exactly the batches trained after the snapshot are retrained"
     assert set(ids1) | set(ids2) == set(ledger.produced_ids)
     versions = [v.version for v in ledger.versions]

@@ -56,6 +56,13 @@ class Role:
         self.proc.wait(30)
         self._out.close()
 
+    def pause(self) -> None:
+        """SIGSTOP: the process (and its children) freeze where they are."""
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
     def terminate(self, timeout: float = 30.0) -> int:
         """SIGTERM and wait; SIGKILL and fail if it ignores it. Returns the exit status."""
         if self.alive():
