@@ -37,7 +37,7 @@ from streams.topics import (
     SAMPLES_PREPARED,
     SAMPLES_RAW,
 )
-from tests.support import Role, free_ports, wait_for
+from tests.support import Role, free_ports, http_json, wait_for
 
 __all__ = ["Role", "wait_for"]
 
@@ -192,6 +192,65 @@ class StreamsThread:
         self.thread.join(30)
 
 
+class FaustStreams:
+    """The production stream processors: ``faust -A streams worker`` processes, one at a time.
+    ``crash`` SIGKILLs the running worker, which may have published prepared batches whose raw
+    offsets it had not committed yet, and starts a replacement (a supervisor's restart): the
+    replacement prepares those records again and the learner sees the copies."""
+
+    def __init__(self, rig: Rig) -> None:
+        self.rig = rig
+        self.workers: list[Role] = []
+        self.crashes = 0
+        self.port = 0
+        self.summaries: list[dict] = []
+        self._start()
+
+    def _start(self) -> None:
+        self.port = free_ports(1)[0]
+        n = len(self.workers) + 1
+        env = {**self.rig.env, "RLSTREAM_METRICS_PORT": str(self.port), "RLSTREAM_ALGO": "ppo",
+               # a window no batch of these short runs can leave: every produced batch must be trained
+               "RLSTREAM_STALENESS_K": "1000000", "RLSTREAM_STALENESS_MS": "none"}
+        cmd = [sys.executable, "-m", "faust", "-A", "streams", "--datadir", str(self.rig.run_dir / f"faust-{n}"),
+               "worker", "-l", "info", "--web-port", str(self.port)]
+        self.workers.append(Role(f"streams-{n}", cmd, self.rig.run_dir / f"streams.{n}.log", self.rig.env | env))
+        self.rig.roles.append(self.workers[-1])
+
+    @property
+    def current(self) -> Role:
+        return self.workers[-1]
+
+    @property
+    def alive(self) -> bool:
+        return self.current.alive()
+
+    @property
+    def errors(self) -> list[str]:
+        """What went wrong in the running worker: it exited, or it logged a traceback."""
+        text = self.current.text()
+        out = [] if self.alive else [f"{self.current.name} exited {self.current.proc.returncode}"]
+        return out + ([self.current.tail(60)] if "Traceback" in text else [])
+
+    def stats(self) -> dict:
+        """The running worker's processor stats (``/healthz``)."""
+        return http_json(f"http://127.0.0.1:{self.port}/healthz")["stats"]
+
+    def crash(self) -> None:
+        """SIGKILL the worker and start a fresh one."""
+        self.current.kill()
+        self.crashes += 1
+        self._start()
+
+    def stop(self) -> dict:
+        """SIGTERM the running worker; its summary (the processors' stats)."""
+        if not self.alive:
+            return {}
+        summary = self.current.stop(60)
+        self.summaries.append(summary)
+        return summary
+
+
 class Rig:
     """Learner and actor processes on the broker ``bootstrap``, the streams thread in-process."""
 
@@ -205,7 +264,7 @@ class Rig:
                     "PYTHONUNBUFFERED": "1"}
         self.env.pop("RLSTREAM_METRICS_PORT", None)
         self.roles: list[Role] = []
-        self.streams: StreamsThread | None = None
+        self.streams: StreamsThread | FaustStreams | None = None
         self._n = Counter()
 
     def _cmd(self, role: str, *extra: str) -> list[str]:
@@ -232,11 +291,16 @@ class Rig:
         self.streams = StreamsThread(self.bootstrap)
         return self.streams
 
+    def start_faust(self) -> FaustStreams:
+        """The Faust worker production runs, as a process (``FaustStreams``)."""
+        self.streams = FaustStreams(self)
+        return self.streams
+
     def close(self) -> None:
         for r in self.roles:
             if r.alive():
                 r.kill()
-        if self.streams is not None:
+        if isinstance(self.streams, StreamsThread):
             self.streams.stop()
 
     def logs(self) -> str:
