@@ -47,7 +47,12 @@ def test_broker_sigkill_and_restart_mid_run(private_kafka, rig):
         private_kafka.kafka.start(timeout=180)
         leaders_ready(private_kafka.bootstrap, topics, timeout=120)
         before = steps.poll()
-        wait_for(lambda: steps.poll() >= before + 3, 180, "3 updates after the broker came back",
+
+        def progressed() -> bool:  # fails at once, with the logs, if a role died of the outage
+            assert learner.alive() and actor.alive() and streams.alive, rig.logs()
+            return steps.poll() >= before + 3
+
+        wait_for(progressed, 180, "3 updates after the broker came back",
                  on_timeout=lambda: rig.logs() + f"\nstreams errors: {streams.errors}")
         assert learner.alive() and actor.alive(), rig.logs()
         assert streams.alive and not streams.errors, streams.errors
