@@ -114,7 +114,7 @@ class InjectingActor:
 
     def run(self) -> None:
         sub = self.actor.subscriber
-        wait_until(lambda: sub.wait_for(0, 0.5), 90, "the learner's first policy version", self.procs)
+        wait_until(lambda: sub.wait_for(0, 0.5), 180, "the learner's first policy version", self.procs)
         seq = 0
         while sub.version < UPDATES:
             version = sub.version
@@ -137,7 +137,7 @@ class InjectingActor:
             elif plan == "late":
                 c = self.collect()
                 self.send(b, seq + 1)  # seq is missing: the processor holds b, then skips past seq
-                wait_until(lambda: self.stats()["reorder"]["timeouts"] >= 1, 30, "the reorder timeout", self.procs)
+                wait_until(lambda: self.stats()["reorder"]["timeouts"] >= 1, 120, "the reorder timeout", self.procs)
                 self.send(a, seq)  # now behind: late
                 self.send(c, seq + 2)
                 seq += 3
@@ -147,7 +147,7 @@ class InjectingActor:
                 self.send(replace(b, batch_id=new_id(), seq=seq + 1, policy_version=0))
                 self.send(b, seq + 2)
                 seq += 3
-            wait_until(lambda v=version + 1: sub.wait_for(v, 0.5), 60, f"policy version {version + 1}", self.procs)
+            wait_until(lambda v=version + 1: sub.wait_for(v, 0.5), 180, f"policy version {version + 1}", self.procs)
 
     def close(self) -> None:
         self.actor.close()
@@ -174,7 +174,7 @@ def test_decoupled_learns_and_counts_every_injected_fault(rl_topics, tmp_path):
                                 "--run-dir", str(tmp_path / "learner"), "--snapshot-every", "0",
                                 "--metrics-port", "-1", "--log-json", "--log-every", "5"])
         healthz = f"http://127.0.0.1:{port}/healthz"
-        wait_until(lambda: http_json(healthz)["ok"], 60, "the Faust worker's web server", procs)
+        wait_until(lambda: http_json(healthz)["ok"], 120, "the Faust worker's web server", procs)
         actor = InjectingActor(bootstrap, policy_id, healthz, procs)
         actor.run()
         learner_rc = procs.roles["learner"].proc.wait(60)
@@ -235,7 +235,7 @@ def test_train_decoupled_smoke(rl_topics, tmp_path):
                         "--env", ENV_ID, "--total-steps", "2048", "--train-batch-size", "1024",
                         "--bootstrap", rl_topics, "--run-dir", str(run_dir), "--metrics-port", "-1",
                         "--log-every", "60", "--policy-id", f"smoke-{uuid.uuid4().hex[:8]}"],
-                       cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=180)
+                       cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=420)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["mode"] == "decoupled" and summary["learner_exit"] == 0
