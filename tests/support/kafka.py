@@ -10,8 +10,10 @@ from tests.support.wait import wait_for
 
 
 def leaders_ready(bootstrap: str, topics, timeout: float = 60.0) -> None:
-    """Wait until every partition of ``topics`` has a leader (after a create or a broker restart)."""
+    """Wait until every partition of ``topics`` has a leader that answers for it (after a create,
+    a reset or a broker restart): metadata names one, and its offsets can be read from it."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
+    c = _consumer(bootstrap, "tests-support-leaders")
 
     def ready() -> bool:
         md = admin.list_topics(timeout=5)
@@ -21,9 +23,14 @@ def leaders_ready(bootstrap: str, topics, timeout: float = 60.0) -> None:
                 return False
             if any(p.leader < 0 or p.error is not None for p in tm.partitions.values()):
                 return False
+            for p in tm.partitions:  # the leader may not act as one yet: NOT_LEADER_FOR_PARTITION
+                c.get_watermark_offsets(TopicPartition(t, p), timeout=5)
         return True
 
-    wait_for(ready, timeout, f"partition leaders of {sorted(topics)}", every=0.2, ignore=(KafkaException,))
+    try:
+        wait_for(ready, timeout, f"partition leaders of {sorted(topics)}", every=0.2, ignore=(KafkaException,))
+    finally:
+        c.close()
 
 
 def _consumer(bootstrap: str, group: str) -> Consumer:
