@@ -25,31 +25,18 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import socket
 import uuid
 
 import pytest
 
 from streams.topics import TopicSpec
+from tests.support.ports import free_port_pair
 
 # Group joins dominate Kafka test time: heartbeat often so a rebalance is noticed in ~0.5 s.
 # 6000 ms is the broker's group.min.session.timeout.ms.
 TEST_CONSUMER_CONFIG = {"heartbeat.interval.ms": 500, "session.timeout.ms": 6000}
 # Every test topic allows 16 MiB records, also on a broker left at the 1 MiB default.
 TEST_TOPIC_CONFIG = {"max.message.bytes": str(16 * 1024 * 1024)}
-
-
-def _free_port_pair() -> int:
-    """A port p with p and p + 1 free (LocalKafka puts its controller on p + 1)."""
-    from rlstream.broker import port_is_free
-
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port < 65535 and port_is_free(port) and port_is_free(port + 1):
-            return port
-    raise RuntimeError("no two adjacent free ports on 127.0.0.1")
 
 
 def _docker_kafka(reasons: list[str]):
@@ -102,7 +89,7 @@ def kafka_bootstrap(tmp_path_factory):
         return
     kafka = None
     try:
-        kafka = LocalKafka(port=_free_port_pair(), data_dir=tmp_path_factory.mktemp("kafka"), quiet=True)
+        kafka = LocalKafka(port=free_port_pair(), data_dir=tmp_path_factory.mktemp("kafka"), quiet=True)
         kafka.start(timeout=240)
     except (BrokerError, OSError, RuntimeError) as e:
         reasons.append(f"LocalKafka did not start: {str(e).splitlines()[0]}")
@@ -181,7 +168,7 @@ def rl_kafka(request, tmp_path_factory):
 
     kafka = None
     try:
-        kafka = LocalKafka(port=_free_port_pair(), data_dir=tmp_path_factory.mktemp("rl-kafka"), quiet=True,
+        kafka = LocalKafka(port=free_port_pair(), data_dir=tmp_path_factory.mktemp("rl-kafka"), quiet=True,
                            heap=("-Xms128m", "-Xmx512m"))
         kafka.start(timeout=180)
     except (BrokerError, OSError, RuntimeError) as e:

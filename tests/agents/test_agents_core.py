@@ -43,12 +43,20 @@ def test_from_numpy_rejects_bad_shapes_and_unknown_fields():
         TrajectoryBatch.from_numpy(**arr, bogus=1)
 
 
-def test_batch_is_frozen_and_to_device_copies_fields():
-    b = TrajectoryBatch.from_numpy(**_arrays())
-    with pytest.raises(Exception):
+def test_batch_is_frozen_and_to_device_keeps_every_field():
+    import dataclasses
+
+    b = TrajectoryBatch.from_numpy(**_arrays(), staleness_versions=1, group_id=np.array([0, 0, 1]))
+    with pytest.raises(dataclasses.FrozenInstanceError):
         b.obs = None  # type: ignore[misc]
-    c = b.to("cpu")
-    assert c.obs is b.obs or torch.equal(c.obs, b.obs)
+    c = b.to(torch.device("cpu"))
+    assert type(c) is TrajectoryBatch
+    for f in dataclasses.fields(b):
+        x, y = getattr(b, f.name), getattr(c, f.name)
+        if isinstance(x, torch.Tensor):
+            assert isinstance(y, torch.Tensor) and y.device.type == "cpu" and torch.equal(x, y), f.name
+        else:
+            assert y == x, f.name
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))

@@ -54,6 +54,7 @@ def train(name: str, tmp_path, seed: int = SEED, budget: int = BUDGET):
     return cfg, summary, returns, steps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_return_rises_through_the_colocated_pipeline(name, tmp_path):
     cfg, summary, returns, steps = train(name, tmp_path)
@@ -66,8 +67,11 @@ def test_return_rises_through_the_colocated_pipeline(name, tmp_path):
     assert len(steps) == summary["updates"] and summary["events"]["rl.deadletter"] == 0
     losses = [s.losses for s in steps]
     assert all(np.isfinite(m["loss_total"]) for m in losses)
-    if cfg.group_size:  # group ids arrived: one group per fragment, every rollout in the batch
-        assert all(m.get("num_groups", m.get("groups_total", 1)) >= 1 for m in losses)
+    if cfg.group_size:  # group ids arrived: one group of group_size rollouts per fragment (= batch)
+        assert cfg.num_envs == cfg.group_size
+        key, per_batch = {"grpo": ("num_groups", 1), "dapo": ("groups_total", 1),
+                          "tba": ("num_rollouts", cfg.group_size)}[cfg.algo]
+        assert [m[key] for m in losses] == [per_batch * len(s.batch_ids) for s in steps], key
         assert sum(s.num_samples for s in steps) <= summary["steps"]
     if name in ("grpo", "dapo"):
         assert all(m["columns_used"] > 0 or m["skipped"] for m in losses)

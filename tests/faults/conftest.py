@@ -11,24 +11,17 @@ A fresh broker per test costs ~5 s and isolates the tests completely: the roles 
 topic and group names (``streams.topics``), so nothing is shared between tests.
 
 ``Rig`` runs the roles the way production does, each as a process of the real entry point
-(``rlstream learner``, ``rlstream actor``), so a kill is a real SIGKILL of a real process; the
-stream processors run in-process (``streams.worker.PrepareWorker`` over ``KafkaBus``, in a
-thread), under the Faust app's consumer group, which the learner's circuit breaker watches.
-``Ledger`` reads the topics afterwards and does the accounting.
+(``rlstream learner``, ``rlstream actor``, ``faust -A streams worker``), so a fault is a real
+signal to a real process (SIGKILL; SIGSTOP to hold one still at a chosen moment) or a stopped
+broker; nothing inside a role is patched. ``Ledger`` reads the topics afterwards and does the
+accounting.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import threading
-import time
-import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,34 +35,15 @@ from streams.topics import (
     SAMPLES_PREPARED,
     SAMPLES_RAW,
 )
+from tests.support import Role, free_ports, http_json, wait_for
+from tests.support.kafka import committed
+
+__all__ = ["Role", "wait_for"]
 
 ENV_ID = "Pendulum-v1"  # obs 3, act 1: the cheapest continuous-control env gymnasium has
 FRAGMENT = 32  # steps per SampleBatch (one env)
 STREAMS_GROUP = "rlstream-streams"  # the Faust app id: the group the learner's breaker watches
 SASL_USERS = {"svc": "svc-secret", "admin": "admin-secret"}
-# Clients of the test process: notice a dead group member in ~1 s (the broker allows it).
-FAST_CONSUMER = {"heartbeat.interval.ms": 300, "session.timeout.ms": 2000}
-
-
-def _free_ports(n: int) -> list[int]:
-    """``n`` free ports where the first two are adjacent (LocalKafka's controller is port + 1)."""
-    from rlstream.broker import port_is_free
-
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        ports = [base, base + 1]
-        if base + 1 >= 65535 or not (port_is_free(base) and port_is_free(base + 1)):
-            continue
-        while len(ports) < n:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                p = s.getsockname()[1]
-            if p not in ports:
-                ports.append(p)
-        return ports
-    raise RuntimeError("no free ports on 127.0.0.1")
 
 
 @dataclass
@@ -94,7 +68,7 @@ def private_kafka(tmp_path_factory):
     (no java / jars), failed instead when ``CI=true``."""
     from rlstream.broker import BrokerError, LocalKafka
 
-    port, controller, sasl = _free_ports(3)
+    port, controller, sasl = free_ports(3)
     host = "127.0.0.1"
     extra = {
         "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller},SASL_PLAINTEXT://{host}:{sasl}",
@@ -124,135 +98,82 @@ def private_kafka(tmp_path_factory):
 
 # --- roles -------------------------------------------------------------------------------------
 
-class Role:
-    """A role process (``rlstream learner|actor``) with its log file."""
+class FaustStreams:
+    """The production stream processors: ``faust -A streams worker`` processes, one at a time.
+    ``crash`` SIGKILLs the running worker, which may have published prepared batches whose raw
+    offsets it had not committed yet, and starts a replacement (a supervisor's restart): the
+    replacement prepares those records again and the learner sees the copies."""
 
-    def __init__(self, name: str, cmd: list[str], log: Path, env: dict[str, str]) -> None:
-        self.name = name
-        self.log = log
-        self._out = log.open("ab")
-        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL: no snapshot, no flush, no commit, no goodbye to the group."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-        self._out.close()
-
-    def stop(self, timeout: float = 30.0) -> dict:
-        """SIGTERM, wait, and return the role's JSON summary (``{}`` if it printed none)."""
-        if self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                raise AssertionError(f"{self.name} ignored SIGTERM for {timeout:.0f}s:\n{self.tail()}")
-        self._out.close()
-        for line in reversed(self.log.read_text(errors="replace").splitlines()):
-            if line.startswith('{"summary"'):
-                return json.loads(line)["summary"]
-        return {}
-
-    def tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-
-class SimulatedCrash(Exception):
-    """Raised inside the streams worker by ``StreamsThread.crash_once``."""
-
-
-class StreamsThread:
-    """The prepare pipeline (``PrepareWorker``) over its own KafkaBus, in a thread. An error
-    that escapes a step ends the thread (recorded in ``errors``); ``crash_once`` kills the
-    worker the way a crashed streams process dies -- after it published a prepared batch and
-    before it committed the raw offset -- and starts a fresh one (a supervisor's restart), which
-    prepares those records again: the learner sees the copies."""
-
-    def __init__(self, bootstrap: str) -> None:
-        self.bootstrap = bootstrap
-        self.errors: list[str] = []
+    def __init__(self, rig: Rig) -> None:
+        self.rig = rig
+        self.workers: list[Role] = []
         self.crashes = 0
-        self.workers: list = []
-        self._crash_armed = False
-        self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="streams", daemon=True)
-        self.thread.start()
+        self.port = 0
+        self.summaries: list[dict] = []
+        self._start()
 
-    def crash_once(self) -> None:
-        self._crash_armed = True
+    def _start(self) -> None:
+        self.port = free_ports(1)[0]
+        n = len(self.workers) + 1
+        env = {**self.rig.env, "RLSTREAM_METRICS_PORT": str(self.port), "RLSTREAM_ALGO": "ppo",
+               # a window no batch of these short runs can leave: every produced batch must be trained
+               "RLSTREAM_STALENESS_K": "1000000", "RLSTREAM_STALENESS_MS": "none",
+               # Faust's own setting: a SIGKILLed worker leaves the group in seconds, not 60 s
+               "BROKER_SESSION_TIMEOUT": "6"}
+        cmd = [sys.executable, "-m", "faust", "-A", "streams", "--datadir", str(self.rig.run_dir / f"faust-{n}"),
+               "worker", "-l", "info", "--web-port", str(self.port)]
+        self.workers.append(Role(f"streams-{n}", cmd, self.rig.run_dir / f"streams.{n}.log", self.rig.env | env))
+        self.rig.roles.append(self.workers[-1])
 
-    def _worker(self):
-        from rlstream.wiring import build_events
-        from streams.bus.kafka import KafkaBus
-        from streams.processors.importance import PolicyLogpFn
-        from streams.processors.pipeline import Prepare, PrepareConfig
-        from streams.topics import all_topics
-        from streams.worker import PrepareWorker
-
-        bus = KafkaBus(self.bootstrap, client_id="faults-streams", consumer_config=FAST_CONSUMER)
-        bus.create_topics(all_topics())
-        events = build_events(bus, None)
-        # A window no batch of these short runs can leave: every produced batch must be trained.
-        cfg = PrepareConfig.for_algo("ppo", max_versions=1_000_000, max_ms=None)
-        prepare = Prepare.from_config(cfg, PolicyLogpFn.from_policy_version)
-        w = PrepareWorker(events, prepare, group=STREAMS_GROUP)
-        commit, published = w._commit, [0]
-
-        def crashing_commit() -> None:
-            if self._crash_armed and w.published > published[0]:
-                self._crash_armed = False
-                raise SimulatedCrash("streams worker died after publishing, before committing")
-            published[0] = w.published
-            commit()
-
-        w._commit = crashing_commit
-        self.workers.append(w)
-        return bus, w
-
-    def _run(self) -> None:
-        while not self.stop_event.is_set():
-            bus, w = self._worker()
-            try:
-                while not self.stop_event.is_set():
-                    w.step(0.1)
-                return
-            except SimulatedCrash:
-                self.crashes += 1
-            except Exception as e:  # noqa: BLE001 -- any error ends the thread; the test reports it
-                self.errors.append(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
-                return
-            finally:
-                with contextlib.suppress(Exception):
-                    w.close()  # leaves the group without committing anything more
-                with contextlib.suppress(Exception):
-                    bus.close(timeout=10)
+    @property
+    def current(self) -> Role:
+        return self.workers[-1]
 
     @property
     def alive(self) -> bool:
-        return self.thread.is_alive()
+        return self.current.alive()
+
+    @property
+    def errors(self) -> list[str]:
+        """What went wrong in the running worker: it exited, or it logged a traceback."""
+        text = self.current.text()
+        out = [] if self.alive else [f"{self.current.name} exited {self.current.proc.returncode}"]
+        return out + ([self.current.tail(60)] if "Traceback" in text else [])
 
     def stats(self) -> dict:
-        out: Counter = Counter()
-        for w in self.workers:
-            s = w.prepare.stats
-            out["received"] += s.received_batches
-            out["emitted"] += s.emitted_batches
-            out["restarts"] += s.reorder.restarts
-            out["workers"] += 1
-            for k, v in s.drops.items():
-                out[f"drop_{k}"] += v
-        return dict(out)
+        """The running worker's processor stats (``/healthz``)."""
+        return http_json(f"http://127.0.0.1:{self.port}/healthz")["stats"]
 
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.thread.join(30)
+    def crash(self) -> None:
+        """SIGKILL the worker and start a fresh one."""
+        self.current.kill()
+        self.crashes += 1
+        self._start()
+
+    def crash_between_publish_and_commit(self, prepared: TopicCounter) -> None:
+        """Freeze the worker (SIGSTOP) at a moment when it has published more prepared batches
+        than its group has committed raw records (read with a plain client), so at least one
+        output's input is uncommitted; SIGKILL it there and start a replacement."""
+        def frozen_with_uncommitted_output() -> bool:
+            self.current.pause()
+            done = sum(max(o, 0) for o in committed(self.rig.bootstrap, STREAMS_GROUP, SAMPLES_RAW).values())
+            prepared.poll()
+            if len({p.sample.batch_id for p in prepared.items}) > done:
+                return True
+            self.current.resume()
+            return False
+
+        wait_for(frozen_with_uncommitted_output, 120, "a prepared batch whose raw record is uncommitted",
+                 every=0.2, on_timeout=self.rig.logs)
+        self.crash()
+
+    def stop(self) -> dict:
+        """SIGTERM the running worker; its summary (the processors' stats)."""
+        if not self.alive:
+            return {}
+        summary = self.current.stop(60)
+        self.summaries.append(summary)
+        return summary
 
 
 class Rig:
@@ -268,7 +189,7 @@ class Rig:
                     "PYTHONUNBUFFERED": "1"}
         self.env.pop("RLSTREAM_METRICS_PORT", None)
         self.roles: list[Role] = []
-        self.streams: StreamsThread | None = None
+        self.streams: FaustStreams | None = None
         self._n = Counter()
 
     def _cmd(self, role: str, *extra: str) -> list[str]:
@@ -291,16 +212,15 @@ class Rig:
     def actor(self, index: int = 0) -> Role:
         return self._spawn(f"actor-{index}", self._cmd("actor", "--index", str(index)))
 
-    def start_streams(self) -> StreamsThread:
-        self.streams = StreamsThread(self.bootstrap)
+    def start_faust(self) -> FaustStreams:
+        """The Faust worker production runs, as a process (``FaustStreams``)."""
+        self.streams = FaustStreams(self)
         return self.streams
 
     def close(self) -> None:
         for r in self.roles:
             if r.alive():
                 r.kill()
-        if self.streams is not None:
-            self.streams.stop()
 
     def logs(self) -> str:
         return "\n".join(f"--- {r.log.name} ---\n{r.tail()}" for r in self.roles)
@@ -385,14 +305,6 @@ def all_trained(raw: TopicCounter, steps: TopicCounter) -> bool:
     steps.poll()
     trained = {i for s in steps.items for i in s.batch_ids}
     return all(b.batch_id in trained for b in raw.items)
-
-
-def wait_for(pred, timeout: float, what: str, every: float = 0.5, on_timeout=lambda: "") -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{on_timeout()}")
-        time.sleep(every)
 
 
 class TopicCounter:

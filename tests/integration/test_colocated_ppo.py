@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from rlstream.colocated import run_colocated
 from rlstream.config import BusConfig, TrainConfig
 
 
+@pytest.mark.slow
 def test_colocated_ppo_return_rises_clearly_and_every_event_is_on_a_topic(tmp_path):
     torch.set_num_threads(1)
     cfg = TrainConfig(env_id="InvertedPendulum-v5", total_steps=24_576, seed=3, run_dir=tmp_path,

@@ -10,22 +10,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 
 import pytest
 import torch
 
+from tests.support import free_port, wait_for
+
 torch.set_num_threads(1)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _ping(url: str) -> bool:
@@ -56,7 +50,7 @@ def redis_server_url() -> Iterator[str]:
     exe = shutil.which("redis-server")
     if exe is None:
         _unavailable(f"REDIS_URL {'unreachable' if url else 'unset'} and no redis-server on PATH")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
         stdout=subprocess.DEVNULL,
@@ -64,11 +58,12 @@ def redis_server_url() -> Iterator[str]:
     )
     local_url = f"redis://127.0.0.1:{port}/0"
     try:
-        deadline = time.monotonic() + 10.0
-        while not _ping(local_url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                _unavailable(f"redis-server on port {port} did not come up (rc={proc.poll()})")
-            time.sleep(0.05)
+        try:
+            wait_for(lambda: proc.poll() is not None or _ping(local_url), 60, "redis-server", every=0.05)
+        except AssertionError:
+            pass
+        if proc.poll() is not None or not _ping(local_url):
+            _unavailable(f"redis-server on port {port} did not come up (rc={proc.poll()})")
         yield local_url
     finally:
         proc.terminate()

@@ -8,6 +8,8 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+from prometheus_client.parser import text_string_to_metric_families as text_families
 
 from rlstream.obs.http import HealthChecks, MetricsServer, Request, json_response
 from rlstream.obs.metrics import Metrics
@@ -61,7 +63,15 @@ def test_metrics_endpoint_serves_the_registry(server: MetricsServer, metrics: Me
     assert 'rlstream_samples_total{role="actor",stage="collected"} 42.0' in body.decode()
     status, headers, body = get(server.url + "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
     assert status == 200 and headers["Content-Type"].startswith("application/openmetrics-text")
-    assert body.decode().rstrip().endswith("# EOF")
+    # both bodies through prometheus_client's own parsers (the OpenMetrics one is strict: it
+    # rejects a missing # EOF, bad escaping, a counter sample without _total, ...)
+    om = {f.name: f for f in openmetrics_families(body.decode())}
+    (sample,) = [s for s in om["rlstream_samples"].samples if s.name == "rlstream_samples_total"]
+    assert om["rlstream_samples"].type == "counter"
+    assert sample.labels == {"role": "actor", "stage": "collected"} and sample.value == 42.0
+    text = {f.name: f for f in text_families(get(server.url + "/metrics")[2].decode())}
+    assert {n for n in text if not n.endswith("_created")} == set(om)  # text: _created as own families
+    assert text["rlstream_samples"].samples[0].value == 42.0
 
 
 def test_healthz_follows_heartbeats(server: MetricsServer, health: HealthChecks, clock: FakeClock) -> None:

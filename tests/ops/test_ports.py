@@ -1,32 +1,40 @@
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
+
 import pytest
 
 from rlstream.obs import ports
 
 
-def test_default_ports_are_the_documented_ones() -> None:
-    assert ports.DEFAULT_PORTS == {
-        "colocated": 9100,
-        "actor": 9101,
-        "streams": 9102,
-        "learner": 9103,
-        "serve": 8080,
-    }
+def test_role_ports_are_distinct_and_the_readme_names_the_colocated_one() -> None:
     assert len(set(ports.DEFAULT_PORTS.values())) == len(ports.DEFAULT_PORTS)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert f"port {ports.DEFAULT_PORTS['colocated']}" in readme
 
 
-def test_env_var_names() -> None:
-    for name in ("RLSTREAM_METRICS_PORT", "KAFKA_BROKERS", "REDIS_URL", "RLSTREAM_BUS", "RLSTREAM_SNAPSHOT_STORE"):
-        assert name in ports.ENV_VARS
+def test_known_commands_are_the_cli_parsers_commands() -> None:
+    from rlstream.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(ports.KNOWN_COMMANDS) == set(sub.choices)
+    assert set(ports.COMMAND_ROLES) <= set(sub.choices) and set(ports.COMMAND_ROLES.values()) <= set(ports.ROLES)
+
+
+def test_the_streams_worker_reads_the_listed_variables() -> None:
+    """The staleness, algorithm and policy variables named here are the ones the Faust worker reads."""
+    from streams.faust_app import StreamsSettings
+
     assert len(set(ports.ENV_VARS)) == len(ports.ENV_VARS)
-
-
-def test_known_commands_and_roles() -> None:
-    assert ports.KNOWN_COMMANDS == ("train", "actor", "learner", "serve", "replay", "subscribe", "broker", "rollback")
-    for cmd, role in ports.COMMAND_ROLES.items():
-        assert cmd in ports.KNOWN_COMMANDS
-        assert role in ports.DEFAULT_PORTS
+    env = {ports.ENV_STALENESS_K: "3", ports.ENV_STALENESS_MS: "1500", ports.ENV_STALENESS_MODE: "downweight",
+           ports.ENV_ALGO: "grpo", ports.ENV_POLICY_ID: "p-x", ports.ENV_METRICS_PORT: "9555",
+           ports.ENV_KAFKA_BROKERS: "k:1"}
+    assert set(env) <= set(ports.ENV_VARS)
+    s = StreamsSettings.from_env(env)
+    assert (s.prepare.max_versions, s.prepare.max_ms, s.prepare.staleness_mode, s.prepare.policy_id) == (
+        3, 1500, "downweight", "p-x")
+    assert (s.web_port, s.brokers) == (9555, "k:1")
 
 
 def test_metrics_port_env_override() -> None:

@@ -357,22 +357,17 @@ def _state_1m() -> tuple[dict[str, torch.Tensor], dict]:
     return model.state_dict(), {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 1}
 
 
-def test_print_save_load_times_1m_params(store: SnapshotStore, backend: str, capsys: pytest.CaptureFixture) -> None:
-    """Informational only: prints timings, asserts none (shared CI cores are noisy)."""
+def test_save_load_round_trips_1m_params(store: SnapshotStore) -> None:
+    """A 1M-parameter policy with its optimizer state survives save and load bit for bit (its
+    timings live in bench/, not here)."""
     w, state = _state_1m()
     n = sum(t.numel() for t in w.values())
     assert 900_000 <= n <= 1_200_000
-    t0 = time.perf_counter()
     ref = store.save(1, w, {"n": n}, state=state)
-    t1 = time.perf_counter()
-    got, _ = store.load(1)
-    t2 = time.perf_counter()
-    store.load_state(1)
-    t3 = time.perf_counter()
+    assert ref.nbytes >= 4 * n
+    got, meta = store.load(1)
     assert_same(w, got)
-    with capsys.disabled():
-        print(
-            f"\n[snapshot timing] {backend}: {n / 1e6:.2f}M params, weights {ref.nbytes / 2**20:.1f} MiB: "
-            f"save(weights+state) {1e3 * (t1 - t0):.1f} ms, load weights (rollback) {1e3 * (t2 - t1):.1f} ms, "
-            f"load state {1e3 * (t3 - t2):.1f} ms"
-        )
+    assert meta["n"] == n
+    back = store.load_state(1)
+    assert_same(state["model"], back["model"])
+    assert back["step"] == 1 and back["optimizer"]["state"].keys() == state["optimizer"]["state"].keys()

@@ -123,16 +123,10 @@ def test_replay_builds_publishes_once_and_dead_letters_bad_records(events, behav
     assert sum(events.bus.end_offsets(DEADLETTER).values()) == 2
 
 
-def test_dpo_on_replayed_pairs_prefers_the_winning_actions(events, behaviour, tmp_path, capsys):
+def test_dpo_on_replayed_pairs_prefers_the_winning_actions(events, behaviour, tmp_path):
     record(events, behaviour, 20)
     summary = run_replay(events, segment=SEG, train=True, beta=0.1, epochs=30, out=tmp_path / "dpo")
     dpo = summary["dpo"]
-    with capsys.disabled():
-        print(f"\nreplay+dpo: {summary['seconds']:.2f}s ({dpo['seconds']:.2f}s training), "
-              f"{summary['pairs_built']} pairs, loss {dpo['loss_first']:.3f} -> {dpo['loss_last']:.3f}, "
-              f"held-out reward acc {dpo['heldout_reward_accuracy']:.3f}, prefers winner "
-              f"{dpo['heldout_after']['prefers_winner_reference']:.2f} -> "
-              f"{dpo['heldout_after']['prefers_winner_policy']:.2f}")
     assert dpo["reference"] == {"source": "rl.policy.versions", "version": 0}
     assert dpo["loss_last"] < dpo["loss_first"] < 0.7
     assert dpo["pairs_heldout"] >= 30

@@ -4,7 +4,6 @@ subscriber with K's weights; clear errors for a missing snapshot or store."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -24,17 +23,15 @@ def history(events, pv, tmp_path):
     return store, policies
 
 
-def test_rollback_publishes_a_new_version_with_the_snapshot_weights(events, pv, history, capsys):
+def test_rollback_publishes_a_new_version_with_the_snapshot_weights(events, pv, history):
     store, policies = history
     with PolicyFeed(events) as feed:  # a live follower, at the newest (4)
         assert [u.version for u in feed.poll(1.0)] == [4]
         got = []
-        t = threading.Thread(target=lambda: got.extend(feed.updates(count=1, idle_timeout=10.0)))
+        t = threading.Thread(target=lambda: got.extend(feed.updates(count=1, idle_timeout=60.0)))
         t.start()
-        t0 = time.perf_counter()
         result = rollback(events, str(store.path), 2)
-        t.join(10)
-        seen_after = time.perf_counter() - t0
+        t.join(60)
     assert result["new_version"] == 5 and result["from_snapshot"] == 2 and result["parent_version"] == 2
     assert result["previous_version"] == 4 and result["arch_source"] == "version 4"
     (u,) = got
@@ -42,9 +39,6 @@ def test_rollback_publishes_a_new_version_with_the_snapshot_weights(events, pv, 
     assert pv.same_weights(u.policy, policies[2])
     assert not pv.same_weights(u.policy, policies[4])
     assert u.metrics == {"rollback_from_snapshot": 2.0}
-    with capsys.disabled():
-        print(f"\nrollback: {result['seconds'] * 1e3:.1f} ms in rollback(), "
-              f"{seen_after * 1e3:.1f} ms until the subscriber had version 5")
     # A second rollback stacks on top: versions only grow.
     assert rollback(events, store.url, 0)["new_version"] == 6
 

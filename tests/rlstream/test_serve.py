@@ -14,6 +14,7 @@ import torch
 from rlstream.serve import serve
 from schemas.events import DeadLetter, PolicyVersion, now_ms
 from streams.topics import DEADLETTER, POLICY_VERSIONS
+from tests.support import wait_for
 
 
 def call(url: str, body: bytes | None = None, method: str | None = None) -> tuple[int, dict | str]:
@@ -51,10 +52,10 @@ def server(events):
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
-    assert ready.wait(10)
+    assert ready.wait(60)
     yield started["server"]
     stop.set()
-    t.join(10)
+    t.join(60)
     assert rc.get("rc") == 0
 
 
@@ -66,7 +67,7 @@ def test_serves_the_newest_policy_and_follows_new_versions(server, events, pv):
     assert act(url, [[0.0] * pv.OBS])[0] == 503
 
     p0 = pv.publish(events, 0)
-    assert server.wait_ready(10, min_version=0)
+    assert server.wait_ready(60, min_version=0)
     assert call(url + "/readyz")[0] == 200
     obs = [[0.5, -1.0, 2.0], [0.0, 0.1, -0.3]]
     status, body = act(url, obs)
@@ -75,7 +76,7 @@ def test_serves_the_newest_policy_and_follows_new_versions(server, events, pv):
     assert torch.allclose(torch.tensor(body["actions"]), want0, atol=1e-6)
 
     p1 = pv.publish(events, 1)
-    assert server.wait_ready(10, min_version=1)
+    assert server.wait_ready(60, min_version=1)
     status, body = act(url, obs)
     assert body["policy_version"] == 1
     want1 = p1.act(torch.tensor(obs), deterministic=True)[0]
@@ -108,7 +109,7 @@ def test_serves_the_newest_policy_and_follows_new_versions(server, events, pv):
 ])
 def test_bad_input_is_a_400_with_a_reason(server, events, pv, body, needle):
     pv.publish(events, 0)
-    assert server.wait_ready(10)
+    assert server.wait_ready(60)
     status, resp = call(server.url + "/act", body)
     assert status == 400, resp
     assert needle in resp["error"]
@@ -121,15 +122,11 @@ def test_wrong_method_and_unknown_path(server, events, pv):
 
 def test_a_version_that_does_not_load_is_dead_lettered_and_the_old_one_stays(server, events, pv):
     pv.publish(events, 0)
-    assert server.wait_ready(10)
+    assert server.wait_ready(60)
     bad = PolicyVersion(policy_id="policy", version=1, created_at_ms=now_ms(), learner_id="x", algo="ppo",
                         weights=b"definitely not safetensors", parent_version=0)
     events.publish(POLICY_VERSIONS, bad, key="policy")
-    deadline = threading.Event()
-    for _ in range(100):
-        if server.load_failures:
-            break
-        deadline.wait(0.05)
+    wait_for(lambda: server.load_failures, 60, "the server to try loading version 1", every=0.05)
     assert server.load_failures == 1 and server.version == 0
     assert act(server.url, [[0.0, 0.0, 0.0]])[1]["policy_version"] == 0
     dls = [events.codec.decode(r.value) for r in events.bus.read_all(DEADLETTER)]

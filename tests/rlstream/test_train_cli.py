@@ -13,7 +13,8 @@ import pytest
 from learner.snapshots import open_store
 from schemas.codec import Codec
 from streams.bus.memory import MemoryBus
-from streams.topics import LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_RAW
+from streams.topics import LEARNER_STEPS, POLICY_VERSIONS, PREFERENCES, SAMPLES_RAW
+from tests.support import summary_from_text
 
 
 def rlstream(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
@@ -26,8 +27,20 @@ def rlstream(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedP
 
 
 def summary_of(p: subprocess.CompletedProcess) -> dict:
-    start = p.stdout.index('{\n  "summary"')
-    return json.loads(p.stdout[start:])["summary"]
+    s = summary_from_text(p.stdout)
+    assert s is not None, p.stdout[-3000:]
+    return s
+
+
+def progress_lines(stderr: str) -> list[dict]:
+    """The JSON ``progress`` log lines of a ``--log-json`` run."""
+    out = []
+    for line in stderr.splitlines():
+        if line.startswith("{"):
+            rec = json.loads(line)
+            if rec.get("event") == "progress":
+                out.append(rec)
+    return out
 
 
 def versions(log: Path) -> list:
@@ -42,7 +55,8 @@ def versions(log: Path) -> list:
 def run(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("cli")
     p = rlstream("train", "--env", "Pendulum-v1", "--total-steps", "4096", "--num-envs", "2",
-                 "--snapshot-every", "1", "--metrics-port", "-1", "--plot", "--run-id", "first", cwd=cwd)
+                 "--snapshot-every", "1", "--metrics-port", "-1", "--plot", "--run-id", "first", "--log-json",
+                 cwd=cwd)
     return cwd, p
 
 
@@ -58,7 +72,12 @@ def test_train_writes_summary_curve_plot_snapshots_and_the_event_log(run):
     assert (run_dir / "returns.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert open_store(run_dir / "snapshots").versions() == [1, 2]
     assert [v.version for v in versions(run_dir / "log")] == [0, 1, 2]
-    assert '"event": "progress"' in p.stdout or "progress" in p.stderr
+    progress = progress_lines(p.stderr)
+    assert progress, p.stderr[-3000:]
+    last = progress[-1]
+    assert (last["steps"], last["pct"], last["updates"], last["policy_version"]) == (4096, 100.0, 2, 2), last
+    assert last["role"] == "colocated" and last["run_id"] == "first"
+    assert [r["steps"] for r in progress] == sorted(r["steps"] for r in progress)
 
 
 def test_a_second_run_into_the_same_dir_needs_resume(run):
@@ -90,6 +109,15 @@ def test_replay_of_a_colocated_run_builds_preference_pairs(run):
     cwd, _ = run
     p = rlstream("replay", "--log-dir", "runs/first/log", "--topic", SAMPLES_RAW, "--segment", "16",
                  "--out", "dpo", cwd=cwd)
-    start = p.stdout.index('{\n  "summary"')
-    s = json.loads(p.stdout[start:])["summary"]
-    assert s["pairs_built"] > 0
+    s = summary_of(p)
+    codec, bus = Codec(), MemoryBus(path=cwd / "runs" / "first" / "log")
+    pairs = [codec.decode(r.value) for r in bus.read_all(PREFERENCES)]
+    n_raw = len(list(bus.read_all(SAMPLES_RAW)))
+    bus.close()
+    assert n_raw >= 2 and s["batches"] == s["records"] == n_raw and s["dead_lettered"] == 0
+    assert s["pairs_built"] > 0 and s["pairs_published"] == s["pairs_built"] and s["pairs_existing"] == 0
+    assert len(pairs) == s["pairs_built"] and len({q.pair_id for q in pairs}) == len(pairs)
+    assert all(q.return_w > q.return_l and q.obs_w.shape[0] == 16 for q in pairs)
+    again = summary_of(rlstream("replay", "--log-dir", "runs/first/log", "--topic", SAMPLES_RAW, "--segment", "16",
+                                "--out", "dpo", cwd=cwd))
+    assert (again["pairs_built"], again["pairs_published"], again["pairs_existing"]) == (len(pairs), 0, len(pairs))

@@ -57,7 +57,8 @@ def test_every_event_type_round_trips(codec):
         assert data[:2] == MAGIC and data[2:HEADER_LEN] == codec.writer_schema(type(ev)).fingerprint
         back = codec.decode(data)
         assert events_equal(ev, back), type(ev).__name__
-        assert codec.decode(data, type(ev)) is not None
+        typed = codec.decode(data, type(ev))
+        assert type(typed) is type(ev) and events_equal(ev, typed)
         assert codec.headers_for(ev)[SCHEMA_HEADER] == f"{type(ev).AVRO_NAME}/1".encode()
     pv = codec.decode(codec.encode(events[4]))
     assert pv.weights is None and pv.weights_ref.size == 123456789

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from schemas.codec import Codec
-from schemas.errors import InvalidEventError
 from schemas.events import DeadLetter, PolicyVersion, PreparedBatch, SampleBatch
 from streams.faust_app import StreamsApp, StreamsSettings, broker_urls, faust_credentials
 from streams.processors.pipeline import Prepare, PrepareConfig
@@ -44,24 +43,36 @@ def make_batch(actor: str, seq: int, version: int, created: int, batch_id: str |
     )
 
 
-@pytest.fixture
-def streams():
-    clock = Clock()
+BOOM = 12345.0  # obs of this value make the logp function below fail: a processor bug
 
-    def factory(pv):
-        return lambda obs, act: np.full(obs.shape[:2], -1.5 + np.log(0.5), np.float32)
 
+def half_probability_logp(pv):
+    """The processors' logp seam: the current policy is half as likely as the behaviour one."""
+    def fn(obs, act):
+        if (np.asarray(obs) == BOOM).any():
+            raise RuntimeError("processor bug")
+        return np.full(obs.shape[:2], -1.5 + np.log(0.5), np.float32)
+    return fn
+
+
+def streams_app(clock, factory=half_probability_logp):
     cfg = PrepareConfig(max_versions=2, max_ms=10_000, reorder_timeout_ms=500)
     prepare = Prepare.from_config(cfg, factory, clock=clock)
     sa = StreamsApp(StreamsSettings(app_id=f"test-{uuid.uuid4().hex[:8]}"), prepare=prepare, metrics=None)
     sent: list[tuple[str, bytes | None, bytes]] = []
 
-    async def fake_send(topic, key, value, headers):
+    async def capture(topic, key, value, headers):  # StreamsApp.send: the output seam (no Kafka here)
         assert headers["rl-schema"]
         sent.append((topic, key, value))
 
-    sa.send = fake_send
-    return clock, sa, sent
+    sa.send = capture
+    return sa, sent
+
+
+@pytest.fixture
+def streams():
+    clock = Clock()
+    return (clock, *streams_app(clock))
 
 
 def policy_msg(offset: int, value: bytes, partition: int = 0) -> SimpleNamespace:
@@ -114,18 +125,13 @@ def test_agents_prepare_and_dead_letter(streams):
 
 def test_processor_error_does_not_stop_the_agent(streams):
     clock, sa, sent = streams
-    real_push = sa.prepare.push
-
-    def push(batch, partition=-1, offset=-1):
-        if batch.actor_id == "bad":
-            raise RuntimeError("processor bug")
-        return real_push(batch, partition, offset)
-
-    sa.prepare.push = push
+    bad = make_batch("bad", 0, 0, clock.t)
+    bad = SampleBatch(**{**bad.__dict__, "obs": np.full_like(bad.obs, BOOM)})
 
     async def scenario():
-        async with sa.samples_agent.test_context() as agent:
-            await agent.put(CODEC.encode(make_batch("bad", 0, 0, clock.t)), key=b"bad")
+        await sa.on_policy_message(policy_msg(0, CODEC.encode(PolicyVersion("policy", 1, clock.t, "L", "ppo"))))
+        async with sa.samples_agent.test_context() as agent:  # version 0 behind 1: the logp fn runs
+            await agent.put(CODEC.encode(bad), key=b"bad")
             await agent.put(CODEC.encode(make_batch("ok", 0, 0, clock.t)), key=b"ok")
 
     asyncio.run(scenario())
@@ -288,20 +294,25 @@ def test_policy_reader_starts_k_plus_1_back_and_gates_samples(streams):
     assert [d.reason for d in decoded(sent, DEADLETTER, DeadLetter)] == ["stale_versions"]
 
 
-def test_a_policy_version_that_does_not_build_is_dead_lettered_and_the_previous_one_used(streams):
-    clock, sa, sent = streams
-    good = sa.prepare.logp_factory
+def test_a_policy_version_that_does_not_build_is_dead_lettered_and_the_previous_one_used():
+    """The real logp factory (``PolicyLogpFn.from_policy_version``) over real weights; version 3's
+    weights are not safetensors."""
+    from agents.networks import Policy
+    from schemas.weights import encode_weights
+    from streams.processors.importance import PolicyLogpFn
 
-    def factory(pv):
-        if pv.version == 3:
-            raise InvalidEventError("weights payload is not valid safetensors")
-        return good(pv)
+    clock = Clock()
+    sa, sent = streams_app(clock, PolicyLogpFn.from_policy_version)
+    torch.manual_seed(0)
+    weights = encode_weights(Policy(OBS, ACT, hidden=(8,)).state_dict(), {"obs_dim": OBS, "act_dim": ACT, "hidden": [8]})
 
-    sa.prepare.logp_factory = factory
+    def version(v: int) -> bytes:
+        w = weights if v < 3 else b"\x08" + b"\x00" * 7 + b"not safetensors"
+        return CODEC.encode(PolicyVersion("policy", v, clock.t, "L", "ppo", weights=w))
 
     async def scenario():
         for v in range(4):
-            await sa.on_policy_message(policy_msg(v, CODEC.encode(PolicyVersion("policy", v, clock.t, "L", "ppo"))))
+            await sa.on_policy_message(policy_msg(v, version(v)))
         async with sa.samples_agent.test_context() as agent:
             await agent.put(CODEC.encode(make_batch("a", 0, 1, clock.t)), key=b"a")  # needs IS
 

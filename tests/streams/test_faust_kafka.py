@@ -11,10 +11,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -27,6 +25,8 @@ from schemas.codec import Codec
 from schemas.events import DeadLetter, PolicyVersion, PreparedBatch, SampleBatch, now_ms
 from schemas.weights import encode_weights
 from streams.topics import DEADLETTER, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW
+from tests.support import free_port, http_json, wait_for
+from tests.support.kafka import committed, end_offsets, lag, leaders_ready
 
 pytestmark = pytest.mark.kafka
 torch.set_num_threads(1)
@@ -39,12 +39,6 @@ T, N, OBS, ACT = 8, 2, 3, 2
 @pytest.fixture
 def bootstrap(rl_topics) -> str:
     return rl_topics
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_batch(actor: str, seq: int, version: int, batch_id: str | None = None) -> SampleBatch:
@@ -70,13 +64,8 @@ def policy_version(version: int, policy_id: str) -> PolicyVersion:
     return PolicyVersion(policy_id, version, now_ms(), "test", "ppo", weights=w)
 
 
-def http_json(url: str):
-    with urllib.request.urlopen(url, timeout=2) as r:
-        return json.loads(r.read())
-
-
 def test_faust_worker_end_to_end(bootstrap, tmp_path):
-    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
     run = uuid.uuid4().hex[:10]
     actor = f"{run}-a"
@@ -84,21 +73,9 @@ def test_faust_worker_end_to_end(bootstrap, tmp_path):
     version = 10
     port = free_port()
 
-    # where the outputs start now
-    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{run}", "enable.auto.commit": False})
-    start = {}
-    for t in (SAMPLES_PREPARED, DEADLETTER, POLICY_VERSIONS, SAMPLES_RAW):
-        deadline = time.monotonic() + 30
-        while True:  # a topic just created has no leader for a moment
-            try:
-                start[t] = probe.get_watermark_offsets(TopicPartition(t, 0), timeout=5)[1]
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-    start = {t: start[t] for t in (SAMPLES_PREPARED, DEADLETTER)}
-    probe.close()
+    # where the outputs start now (a topic just created has no leader for a moment)
+    leaders_ready(bootstrap, [SAMPLES_PREPARED, DEADLETTER, POLICY_VERSIONS, SAMPLES_RAW])
+    start = {t: end_offsets(bootstrap, t)[0] for t in (SAMPLES_PREPARED, DEADLETTER)}
 
     env = {**os.environ, "KAFKA_BROKERS": bootstrap, "RLSTREAM_METRICS_PORT": str(port),
            "RLSTREAM_POLICY_ID": policy_id, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -120,16 +97,12 @@ def test_faust_worker_end_to_end(bootstrap, tmp_path):
         send(POLICY_VERSIONS, b"other", policy_version(10**15, "someone-else"))  # not ours: ignored
         send(POLICY_VERSIONS, policy_id.encode(), policy_version(version, policy_id))
         producer.flush(30)
-        deadline = time.monotonic() + 120
-        while True:  # ready once the worker follows our policy version
+        def follows_our_version() -> bool:  # ready once the worker follows our policy version
             assert proc.poll() is None, log_path.read_text()[-5000:]
-            try:
-                if http_json(f"http://127.0.0.1:{port}/healthz")["stats"]["latest_version"] == version:
-                    break
-            except (OSError, ValueError, KeyError):
-                pass
-            assert time.monotonic() < deadline, "worker never saw the policy version:\n" + log_path.read_text()[-5000:]
-            time.sleep(0.5)
+            return http_json(f"http://127.0.0.1:{port}/healthz")["stats"]["latest_version"] == version
+
+        wait_for(follows_our_version, 120, "the worker to see the policy version", every=0.5,
+                 ignore=(OSError, ValueError, KeyError), on_timeout=lambda: log_path.read_text()[-5000:])
         ready = http_json(f"http://127.0.0.1:{port}/readyz")  # 503 (an error here) until caught up
         assert ready["ok"] and ready["checks"]["policies_caught_up"]
 
@@ -141,28 +114,30 @@ def test_faust_worker_end_to_end(bootstrap, tmp_path):
         send(SAMPLES_RAW, f"{run}-g".encode(), b"\x00\x01 garbage")
         producer.flush(30)
 
+        # "nothing more arrives": once the worker's group has committed every raw record (it acks
+        # a record only after its output is delivered), the outputs end where they end now
+        wait_for(lambda: lag(bootstrap, "rlstream-streams", SAMPLES_RAW) == 0, 120,
+                 "the worker to commit every raw record", every=0.5, ignore=(KafkaException,),
+                 on_timeout=lambda: log_path.read_text()[-5000:])
+        ends = {t: end_offsets(bootstrap, t)[0] for t in start}
         c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{run}", "enable.auto.commit": False})
         c.assign([TopicPartition(t, 0, o) for t, o in start.items()])
-        prepared, dead = [], []
-        deadline = time.monotonic() + 90
-        while (len(prepared) < 7 or len(dead) < 2) and time.monotonic() < deadline:
-            m = c.poll(0.5)
-            if m is None or m.error():
-                continue
-            if m.topic() == SAMPLES_PREPARED:
-                pb = CODEC.decode(m.value(), PreparedBatch)
-                if pb.sample.actor_id == actor:
-                    prepared.append(pb)
-            elif m.key() and m.key().startswith(run.encode()):
-                dead.append(CODEC.decode(m.value(), DeadLetter))
-        time.sleep(2)  # anything extra would show up now
-        while (m := c.poll(0.5)) is not None:
-            if not m.error() and m.topic() == SAMPLES_PREPARED:
-                pb = CODEC.decode(m.value(), PreparedBatch)
-                if pb.sample.actor_id == actor:
-                    prepared.append(pb)
-            elif not m.error() and m.key() and m.key().startswith(run.encode()):
-                dead.append(CODEC.decode(m.value(), DeadLetter))
+        prepared, dead, seen = [], [], {t: start[t] for t in start}
+
+        def read_to_the_ends() -> bool:
+            while (m := c.poll(0.2)) is not None:
+                if m.error():
+                    continue
+                seen[m.topic()] = m.offset() + 1
+                if m.topic() == SAMPLES_PREPARED:
+                    pb = CODEC.decode(m.value(), PreparedBatch)
+                    if pb.sample.actor_id == actor:
+                        prepared.append(pb)
+                elif m.key() and m.key().startswith(run.encode()):
+                    dead.append(CODEC.decode(m.value(), DeadLetter))
+            return all(seen[t] >= ends[t] for t in ends)
+
+        wait_for(read_to_the_ends, 60, f"the outputs up to their end offsets {ends}")
         c.close()
 
         log_tail = log_path.read_text()[-5000:]
@@ -190,9 +165,6 @@ def test_faust_worker_end_to_end(bootstrap, tmp_path):
             logf.close()
     assert rc == 0, log_path.read_text()[-5000:]
     assert "Traceback" not in log_path.read_text(), log_path.read_text()[-5000:]
-    # every raw record was handled and acked, so the group committed up to the end
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "rlstream-streams", "enable.auto.commit": False})
-    (tp,) = c.committed([TopicPartition(SAMPLES_RAW, 0)], timeout=30)
-    end = c.get_watermark_offsets(TopicPartition(SAMPLES_RAW, 0), timeout=30)[1]
-    c.close()
-    assert tp.offset == end
+    # every raw record was handled and acked, so the group committed up to the end (read with a
+    # plain confluent_kafka Consumer of that group, not through our bus)
+    assert committed(bootstrap, "rlstream-streams", SAMPLES_RAW) == end_offsets(bootstrap, SAMPLES_RAW)

@@ -19,6 +19,7 @@ from streams.processors.importance import PolicyLogpFn
 from streams.processors.pipeline import Prepare, PrepareConfig, Rejection
 from streams.topics import DEADLETTER, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW, all_topics
 from streams.worker import PrepareWorker
+from tests.support import wait_for
 
 torch.set_num_threads(1)
 
@@ -247,8 +248,8 @@ class TestWorker:
         stop = threading.Event()
         th = threading.Thread(target=worker.run, args=(stop, 0.01, True))
         th.start()
-        while prepare.stats.received_batches < 2:
-            threading.Event().wait(0.01)
+        wait_for(lambda: prepare.stats.received_batches >= 2, 60, "the worker thread to receive both batches",
+                 every=0.01)
         stop.set()
         th.join(5)
         assert not th.is_alive()
@@ -276,6 +277,9 @@ def _mutations():
     kinds = st.sampled_from(["nan", "shape", "wrong_type", "boom", "neg_seq", "huge_seq"])
     special = st.builds(lambda k, s: ("special", k, s), kinds, st.integers(0, 6))
     return st.lists(st.one_of(good, good, flip, trunc, noise, special), min_size=1, max_size=25)
+
+
+BOOM = 12345.0
 
 
 def _record_for(op, clock, i: int) -> tuple[bytes, bool]:
@@ -309,7 +313,8 @@ def _record_for(op, clock, i: int) -> tuple[bytes, bool]:
         return CODEC.encode(SampleBatch(**{**b.__dict__, "seq": -1})), True
     if k == "huge_seq":
         return CODEC.encode(SampleBatch(**{**b.__dict__, "seq": 2**62})), False
-    return CODEC.encode(SampleBatch(**{**b.__dict__, "env_id": "boom", "policy_version": 0})), True
+    boom = np.full_like(b.obs, BOOM)  # the policy's logp function fails on this one (a processor bug)
+    return CODEC.encode(SampleBatch(**{**b.__dict__, "env_id": "boom", "policy_version": 0, "obs": boom})), True
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -320,21 +325,15 @@ def test_worker_never_raises_and_dead_letters_bad_records(ops):
     bus.create_topics(all_topics())
     events = EventBus(bus)
 
-    def factory(pv):
+    def factory(pv):  # the processors' public logp seam; it fails on the "boom" batches' obs
         def fn(obs, act):
+            if (np.asarray(obs) == BOOM).any():
+                raise RuntimeError("boom")
             return np.full(obs.shape[:2], -2.0, np.float32)
         return fn
 
     prepare = Prepare.from_config(PrepareConfig(max_versions=100, max_ms=None, reorder_timeout_ms=100), factory,
                                   clock=clock)
-    orig = prepare._prepare
-
-    def exploding(batch, tag, now):  # a processor bug for one kind of batch
-        if batch.env_id == "boom":
-            raise RuntimeError("boom")
-        return orig(batch, tag, now)
-
-    prepare._prepare = exploding
     events.publish(POLICY_VERSIONS, PolicyVersion("policy", 1, 0, "L", "ppo"), key="p")
     worker = PrepareWorker(events, prepare)
     bad_offsets = set()
@@ -356,6 +355,8 @@ def test_worker_never_raises_and_dead_letters_bad_records(ops):
     dead_offsets = {d.offset for d in dead}
     assert bad_offsets <= dead_offsets
     assert all(d.reason for d in dead)
+    booms = {i for i, op in enumerate(ops) if op[:2] == ("special", "boom")}
+    assert {d.offset for d in dead if d.reason == "processor_error"} <= booms  # (a boom can also be late)
     assert prepare.reorder.buffered == 0
     assert worker.samples.raw.committed() == {(SAMPLES_RAW, 0): len(ops)}
     worker.close()

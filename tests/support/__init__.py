@@ -1,0 +1,9 @@
+"""Helpers shared by the test suite: free ports, deadline polls, role processes, summaries,
+and Kafka probes through the plain client (``tests.support.kafka``)."""
+
+from tests.support.ports import free_port, free_port_pair, free_ports
+from tests.support.procs import Procs, Role, http_json, summary_from_text, summary_of
+from tests.support.wait import wait_for
+
+__all__ = ["Procs", "Role", "free_port", "free_port_pair", "free_ports", "http_json", "summary_from_text",
+           "summary_of", "wait_for"]
