@@ -156,16 +156,20 @@ class Learner:
 
     def _follow_foreign_versions(self) -> None:
         """A version of our policy published by someone else (``rlstream rollback``) that is newer
-        than ours becomes the learner's model: versions stay monotonic with one writer at a time."""
+        than ours becomes the learner's model: versions stay monotonic with one writer at a time.
+
+        The learner owns rl.policy.versions' dead letters (``streams.topics.DEAD_LETTER_OWNERS``):
+        it dead-letters every record it cannot decode and every foreign version of its policy
+        whose weights do not load, adopted or not; the other readers skip them and count them."""
         for rec, pv in self._versions.poll(0.0, max_records=100):
             if pv.policy_id != self.config.policy_id or pv.learner_id == self.config.learner_id:
-                continue
-            if pv.version <= self.version:
                 continue
             try:
                 policy = load_into(None, pv, self.blob_store)
             except CodecError as e:
                 self._versions.dead_letter(rec, e.reason, e)
+                continue
+            if pv.version <= self.version:
                 continue
             restored = False
             if self.snapshots is not None and pv.parent_version is not None and \

@@ -64,6 +64,7 @@ class PrepareWorker:
         self._committed: dict[int, int] = {}
         self.published = 0
         self.dead_lettered = 0
+        self.skipped = 0  # bad records of a topic whose dead letters another role owns
         self.errors = 0
 
     # -- one step ---------------------------------------------------------------------------
@@ -166,8 +167,10 @@ class PrepareWorker:
 
     def _dead_letter(self, consumer: EventConsumer, rec: Record, reason: str, error: BaseException | str,
                      detail: str = "") -> None:
-        consumer.dead_letter(rec, reason, error, detail)
-        self.dead_lettered += 1
+        if consumer.dead_letter(rec, reason, error, detail):
+            self.dead_lettered += 1
+        else:  # a policy record: the learner owns its dead letter
+            self.skipped += 1
 
     def _commit(self) -> None:
         low: dict[int, int] = {}
