@@ -35,6 +35,7 @@ rlstream_samples_total                     counter    stage
 rlstream_sps                               gauge      stage
 rlstream_drops_total                       counter    reason
 rlstream_dead_letters_total                counter    topic, reason
+rlstream_skipped_total                     counter    topic, reason
 rlstream_consumer_lag                      gauge      group, topic
 rlstream_batch_size                        gauge
 rlstream_step_duration_seconds             histogram  phase
@@ -127,6 +128,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "rlstream_sps",
     "rlstream_drops_total",
     "rlstream_dead_letters_total",
+    "rlstream_skipped_total",
     "rlstream_consumer_lag",
     "rlstream_batch_size",
     "rlstream_step_duration_seconds",
