@@ -184,9 +184,12 @@ def test_learner_dead_letters_bad_prepared_batches_and_trains_the_good(steps):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.one_of(bad_policy_records().map(lambda b: ("record", b)),
-                          unloadable_versions(st.integers(5, 50)).map(lambda b: ("version", b))),
+                          unloadable_versions(st.integers(5, 50)).map(lambda b: ("version", b)),
+                          unloadable_versions(st.just(0)).map(lambda b: ("old", b))),
                 min_size=1, max_size=8))
 def test_learner_dead_letters_foreign_versions_it_cannot_adopt(items):
+    """The learner owns rl.policy.versions' dead letters: it checks every foreign version of its
+    policy, also one not newer than its own (``old``) that it would not adopt anyway."""
     events = new_events()
     lr = _learner(events)
     start = events.bus.end_offsets(POLICY_VERSIONS)[0]
@@ -195,9 +198,10 @@ def test_learner_dead_letters_foreign_versions_it_cannot_adopt(items):
         offset = events.bus.end_offsets(POLICY_VERSIONS)[0]
         if kind == "record":
             events.bus.produce(POLICY_VERSIONS, x, key=b"policy")
-        else:  # a "rollback" by another writer, newer than the learner's version, that does not load
+        else:  # a "rollback" by another writer, newer than the learner's version (or not), that does not load
+            version = lr.version + 1 + offset if kind == "version" else 0
             events.publish(POLICY_VERSIONS, type(x)(**{**x.__dict__, "learner_id": "rollback",
-                                                        "version": lr.version + 1 + offset}), key="policy")
+                                                        "version": version}), key="policy")
         bad.append((offset, why))
         lr.step(0)
     assert lr.version == 0 and lr.stats.adopted_versions == 0
