@@ -26,6 +26,8 @@ driven by Faust over Kafka:
   circuit breaker watch, is current.
 
 Exceptions while handling one record dead-letter it (``processor_error``); the agent goes on.
+A bad record of rl.policy.versions is skipped and counted instead (``skipped``,
+``rlstream_skipped_total``): the learner owns its dead letter (``streams.topics.DEAD_LETTER_OWNERS``).
 Settings come from the environment once, here (``StreamsSettings.from_env``): ``KAFKA_BROKERS``
 (comma separated host:port), the Kafka security settings the bus reads
 (``streams.bus.kafka.kafka_client_config``), mapped to Faust credentials and aiokafka

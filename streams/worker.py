@@ -12,7 +12,9 @@ dead-letter rejections with their reason, flush, then commit.
 Commits never pass a batch still held in the reorder buffer: the committed offset of a
 partition stops at the lowest held offset, so a crash redelivers held batches (at least once;
 the learner's batch_id dedup or ours drops the copies). Any exception raised while handling
-one record dead-letters that record (reason ``processor_error``) and the worker goes on.
+one record dead-letters that record (reason ``processor_error``) and the worker goes on. A bad
+record of rl.policy.versions is skipped and counted instead (``skipped``): the learner owns its
+dead letter (``streams.topics.DEAD_LETTER_OWNERS``).
 """
 
 from __future__ import annotations
