@@ -47,8 +47,9 @@ class PolicySubscriber:
         candidates = [(rec, pv) for rec, pv in self.consumer.poll(timeout, max_records=1000)
                       if pv.policy_id == self.policy_id and pv.version >= self.from_version
                       and pv.version > self.version]
-        # newest first; a version whose weights do not load is dead-lettered and the next
-        # newest is tried, so one bad record never leaves the actor on an older policy
+        # newest first; a version whose weights do not load is skipped and counted (the learner
+        # owns its dead letter) and the next newest is tried, so one bad record never leaves the
+        # actor on an older policy
         for rec, pv in sorted(candidates, key=lambda c: c[1].version, reverse=True):
             try:
                 self.policy = load_into(self.policy, pv, self.blob_store)

@@ -146,7 +146,7 @@ class AGRO(BaseAlgorithm):
             metrics["return_mean"] = float(R.mean())
             return adv, None, None, metrics
         rewards = (
-            self.reward_scaler(batch.rewards, batch.terminated, batch.stream_ids) if cfg.normalize_reward else batch.rewards
+            self.reward_scaler(batch.rewards, batch.terminated, batch.stream_ids, batch.mask) if cfg.normalize_reward else batch.rewards
         )
         if cfg.baseline == "value":
             # always the current critic: batch.values may come from a stale behaviour policy

@@ -118,8 +118,10 @@ class RewardScaler:
         self._returns: dict[int, float] = {}
 
     @torch.no_grad()
-    def __call__(self, rewards: Tensor, terminated: Tensor, stream_ids: Optional[Tensor] = None) -> Tensor:
-        """Return scaled (and clipped) rewards ``[T, N]``; updates the statistics."""
+    def __call__(self, rewards: Tensor, terminated: Tensor, stream_ids: Optional[Tensor] = None,
+                 mask: Optional[Tensor] = None) -> Tensor:
+        """Return scaled (and clipped) rewards ``[T, N]``; updates the statistics. Steps where
+        ``mask`` is False (padding) leave the running returns and the statistics as they were."""
         T, N = rewards.shape
         if stream_ids is None:
             ids = list(range(N))
@@ -130,9 +132,10 @@ class RewardScaler:
         r64 = rewards.to(torch.float64)
         not_term = 1.0 - terminated.to(torch.float64)
         g = torch.tensor([self._returns.get(i, 0.0) for i in ids], dtype=torch.float64, device=rewards.device)
+        valid = torch.ones_like(r64) if mask is None else mask.to(torch.float64)
         returns = torch.empty_like(r64)
         for t in range(T):
-            g = g * self.gamma * not_term[t] + r64[t]
+            g = torch.where(valid[t] > 0, g * self.gamma * not_term[t] + r64[t], g)
             returns[t] = g
         for i, v in zip(ids, g.tolist()):
             self._returns[i] = v
@@ -141,10 +144,10 @@ class RewardScaler:
         c0 = self.rms.count.to(rewards.device)
         m0 = self.rms.mean.to(rewards.device)
         v0 = self.rms.var.to(rewards.device)
-        y = returns - m0
+        y = (returns - m0) * valid
         s1 = torch.cumsum(y.sum(dim=1), dim=0)
         s2 = torch.cumsum(y.pow(2).sum(dim=1), dim=0)
-        counts = c0 + N * torch.arange(1, T + 1, dtype=torch.float64, device=rewards.device)
+        counts = c0 + torch.cumsum(valid.sum(dim=1), dim=0)
         shift = s1 / counts
         var_t = ((c0 * v0 + s2) / counts - shift.pow(2)).clamp_min(0.0)
         scaled = r64 / torch.sqrt(var_t + self.rms.var_epsilon).unsqueeze(1)

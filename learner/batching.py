@@ -34,11 +34,18 @@ def dense_final_obs(p: PreparedBatch) -> np.ndarray:
 
 
 def _padded(b: PreparedBatch, T: int) -> dict[str, np.ndarray]:
-    """The [T_b, N] arrays of fragment ``b``, zero-padded in time to ``T`` steps.
+    """The [T_b, N] arrays of fragment ``b``, zero-padded in time to ``T`` steps, with a ``mask``
+    of its real steps.
 
-    A column that did not end its episode at the fragment's last step is marked truncated there,
-    with ``last_obs`` as its true next observation, so bootstrapping algorithms cut it exactly as
-    they would at a batch boundary; the padding itself is excluded by the ``mask``."""
+    A step fragment (no group ids) is padded at the START, so its last real step is the batch's
+    last step and bootstraps from ``last_obs`` exactly as it would alone: each column's
+    returns/GAE are those of the fragment by itself, whatever the bootstrap mode, and nothing
+    from the padding flows back (the recursions run backward in time).
+
+    A group fragment (one rollout per column, discounted from its first step) is padded at the
+    END; a column that did not end its episode at the fragment's last step is marked truncated
+    there, with ``last_obs`` as its true next observation, so the group algorithms cut it exactly
+    as they would at a batch boundary."""
     s = b.sample
     Tb, N = s.num_steps, s.num_envs
     ones = np.ones((Tb, N), np.float32)
@@ -51,24 +58,25 @@ def _padded(b: PreparedBatch, T: int) -> dict[str, np.ndarray]:
     }
     if Tb == T:
         return cols
+    real = slice(0, Tb) if s.group_ids is not None else slice(T - Tb, T)
     out = {}
     for k, v in cols.items():
         pad = np.zeros((T,) + v.shape[1:], v.dtype)
-        pad[:Tb] = v
+        pad[real] = v
         out[k] = pad
-    cut = ~(s.terminated[-1] | s.truncated[-1])
-    out["truncated"][Tb - 1] |= cut
-    out["next_obs_final"][Tb - 1, cut] = s.last_obs[cut]
+    if s.group_ids is not None:
+        cut = ~(s.terminated[-1] | s.truncated[-1])
+        out["truncated"][Tb - 1] |= cut
+        out["next_obs_final"][Tb - 1, cut] = s.last_obs[cut]
     return out
 
 
 def to_trajectory_batch(batches: list[PreparedBatch], stream_ids: StreamIds) -> TrajectoryBatch:
-    """Concatenate fragments along the env axis.
+    """Concatenate fragments of any lengths along the env axis.
 
-    Fragments of different lengths (group mode ends a fragment once all its rollouts are done)
-    are zero-padded to the longest and the batch gets a ``mask`` of the real steps; fragments of
-    equal length give ``mask=None``. Group ids are renumbered per fragment, so groups of
-    different actors (or fragments) never merge."""
+    Fragments of different lengths are zero-padded to the longest (see ``_padded``) and the
+    batch gets a ``mask`` of the real steps; fragments of equal length give ``mask=None``. Group
+    ids are renumbered per fragment, so groups of different actors (or fragments) never merge."""
     if not batches:
         raise ValueError("no batches")
     T = max(b.sample.num_steps for b in batches)

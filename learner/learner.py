@@ -4,7 +4,7 @@ and PolicyVersion events, snapshots, resumes and rolls back.
     learner = Learner(config, algo, events, snapshots=store)
     learner.start()                 # resume from the newest snapshot, or publish version 0
     while not stop.is_set():
-        learner.step(timeout=0.1)   # poll; once train_batch_size transitions are in, one update
+        learner.step(timeout=0.1)   # poll; once train_batch_size transitions are in, one update on all of them
 
 Versions are immutable and monotonic: a resumed or rolled-back learner publishes a NEW version
 (number = newest published + 1) whose parent is the snapshot it restored.
@@ -95,9 +95,10 @@ class Learner:
         self.version = -1  # newest version this learner published
         self.model_version = -1  # version whose weights the algorithm holds
         self._seen: OrderedDict[str, None] = OrderedDict()
-        # fragments waiting for an update, by what stacks together (see _bucket_key)
-        self._buckets: dict[object, list[tuple[Record, PreparedBatch]]] = {}
-        self._bucket_sizes: dict[object, int] = {}
+        # fragments waiting for the next update, of any lengths, in arrival order
+        self._pending: list[tuple[Record, PreparedBatch]] = []
+        self._pending_ids: set[str] = set()
+        self._pending_size = 0
         self._stream_ids = StreamIds()
         self._offsets: dict[tuple[str, int], int] = {}
         self.consumer = None
@@ -155,16 +156,20 @@ class Learner:
 
     def _follow_foreign_versions(self) -> None:
         """A version of our policy published by someone else (``rlstream rollback``) that is newer
-        than ours becomes the learner's model: versions stay monotonic with one writer at a time."""
+        than ours becomes the learner's model: versions stay monotonic with one writer at a time.
+
+        The learner owns rl.policy.versions' dead letters (``streams.topics.DEAD_LETTER_OWNERS``):
+        it dead-letters every record it cannot decode and every foreign version of its policy
+        whose weights do not load, adopted or not; the other readers skip them and count them."""
         for rec, pv in self._versions.poll(0.0, max_records=100):
             if pv.policy_id != self.config.policy_id or pv.learner_id == self.config.learner_id:
-                continue
-            if pv.version <= self.version:
                 continue
             try:
                 policy = load_into(None, pv, self.blob_store)
             except CodecError as e:
                 self._versions.dead_letter(rec, e.reason, e)
+                continue
+            if pv.version <= self.version:
                 continue
             restored = False
             if self.snapshots is not None and pv.parent_version is not None and \
@@ -191,11 +196,9 @@ class Learner:
                 self.stats.paused_polls += 1
                 time.sleep(min(timeout, 0.05))
                 return None
-        ready = None
         for rec, pb in self.consumer.poll(timeout, max_records=64):
             bid = pb.sample.batch_id
-            if bid in self._seen or any(b.sample.batch_id == bid for bucket in self._buckets.values()
-                                        for _, b in bucket):
+            if bid in self._seen or bid in self._pending_ids:
                 self.stats.duplicates_skipped += 1
                 self.consumer.dead_letter(rec, "duplicate", "DuplicateBatch", f"batch_id {bid} already trained")
                 continue
@@ -203,44 +206,47 @@ class Learner:
             if why is not None:  # another env's batch: training on it would raise (a poison pill)
                 self.consumer.dead_letter(rec, REASON_INCOMPATIBLE, "IncompatibleBatch", why)
                 continue
-            key = self._bucket_key(pb)
-            self._buckets.setdefault(key, []).append((rec, pb))
-            self._bucket_sizes[key] = self._bucket_sizes.get(key, 0) + pb.sample.size
-            if ready is None and self._bucket_sizes[key] >= self.config.train_batch_size:
-                ready = key
-        if ready is None:
-            ready = next((k for k, n in self._bucket_sizes.items() if n >= self.config.train_batch_size), None)
-        return self._train(ready) if ready is not None else None
+            self._pending.append((rec, pb))
+            self._pending_ids.add(bid)
+            self._pending_size += pb.sample.size
+        if self._pending and self._pending_size >= self.config.train_batch_size:
+            return self._train()
+        self._commit_handled()
+        return None
+
+    def _commit_handled(self) -> None:
+        """Commit past records handled without an update (dead-lettered), so that the group's
+        offset reaches the log end when the last records were bad ones."""
+        safe = self._safe_offsets()
+        if safe != self._offsets:
+            self._offsets = safe
+            self.consumer.commit(offsets=safe)
 
     def _drop_buffered(self) -> None:
         """After a rollback: buffered fragments were collected under the abandoned line of
         versions; they are dead-lettered (reason ``rolled_back``), not trained, not lost."""
-        for bucket in self._buckets.values():
-            for rec, pb in bucket:
-                self.consumer.dead_letter(rec, "rolled_back", "RolledBack",
-                                          f"batch {pb.sample.batch_id} predates the rollback to version {self.version}")
-        self._buckets.clear()
-        self._bucket_sizes.clear()
+        for rec, pb in self._pending:
+            self.consumer.dead_letter(rec, "rolled_back", "RolledBack",
+                                      f"batch {pb.sample.batch_id} predates the rollback to version {self.version}")
+        self._take_pending()
 
-    @staticmethod
-    def _bucket_key(pb: PreparedBatch) -> object:
-        """Fragments train together when they stack into one [T, N] batch: same length T, or
-        group-mode fragments (one rollout per column; they vary in length and are padded)."""
-        return "groups" if pb.sample.group_ids is not None else pb.sample.num_steps
+    def _take_pending(self) -> list[tuple[Record, PreparedBatch]]:
+        taken, self._pending, self._pending_size = self._pending, [], 0
+        self._pending_ids.clear()
+        return taken
 
     @property
     def buffered(self) -> int:
-        """Transitions waiting for an update."""
-        return sum(self._bucket_sizes.values())
+        """Transitions waiting for the next update (fewer than ``train_batch_size``)."""
+        return self._pending_size
 
     def _safe_offsets(self) -> dict[tuple[str, int], int]:
         """Per partition, the offset before which every record is trained or dead-lettered: what
-        may be committed and recorded in a snapshot (a record still waiting in a bucket is not)."""
+        may be committed and recorded in a snapshot (a record still waiting for an update is not)."""
         safe = dict(self.consumer.polled_upto)
-        for bucket in self._buckets.values():
-            for r, _ in bucket:
-                tp = (r.topic, r.partition)
-                safe[tp] = min(safe.get(tp, r.offset), r.offset)
+        for r, _ in self._pending:
+            tp = (r.topic, r.partition)
+            safe[tp] = min(safe.get(tp, r.offset), r.offset)
         return safe
 
     def _incompatible(self, pb: PreparedBatch) -> str | None:
@@ -252,12 +258,13 @@ class Learner:
                     f"do not fit the model's ({policy.obs_dim},) / ({policy.act_dim},)")
         return None
 
-    def _train(self, key: object) -> dict[str, float]:
+    def _train(self) -> dict[str, float]:
+        """One update on every buffered fragment, whatever their lengths (``to_trajectory_batch``
+        pads and masks them so each keeps its own returns), then publish, commit and snapshot."""
         started = now_ms()
         t0 = time.perf_counter()
-        bucket = self._buckets.pop(key)
-        n_samples = self._bucket_sizes.pop(key)
-        batches = [pb for _, pb in bucket]
+        n_samples = self._pending_size
+        batches = [pb for _, pb in self._take_pending()]
         metrics = self.algo.update(to_trajectory_batch(batches, self._stream_ids))
         self.stats.updates += 1
         self.stats.samples_trained += n_samples

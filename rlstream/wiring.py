@@ -36,11 +36,10 @@ def build_bus(cfg: BusConfig) -> Bus:
 
 def build_events(bus: Bus, metrics: Metrics | None, publish_schemas: bool = True) -> EventBus:
     codec = Codec(resolver=SchemaTopic(bus, SCHEMAS))
-    hook = None
+    hook = skip = None
     if metrics is not None:
-        def hook(topic: str, reason: str) -> None:
-            metrics.count_dead_letter(topic, reason)
-    events = EventBus(bus, codec, on_dead_letter=hook)
+        hook, skip = metrics.count_dead_letter, metrics.count_skipped
+    events = EventBus(bus, codec, on_dead_letter=hook, on_skip=skip)
     if publish_schemas:
         SchemaTopic(bus, SCHEMAS).publish(codec.registry)
     return events

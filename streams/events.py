@@ -19,7 +19,7 @@ from schemas.codec import Codec
 from schemas.errors import CodecError
 from schemas.events import DeadLetter, now_ms
 from streams.bus.base import Bus, Consumer, Record, StartAt
-from streams.topics import DEADLETTER
+from streams.topics import DEADLETTER, dead_letters_here
 
 E = TypeVar("E")
 
@@ -28,17 +28,25 @@ MAX_DEADLETTER_PAYLOAD = 4 * 1024 * 1024
 
 
 class DeadLetters:
-    """Writes DeadLetter events and counts them by reason."""
+    """Writes DeadLetter events and counts them by reason. A record of a topic another stage
+    owns (``streams.topics.DEAD_LETTER_OWNERS``) is only counted, in ``skipped``."""
 
     def __init__(self, bus: Bus, codec: Codec, on_dead_letter: Callable[[str, str], None] | None = None,
-                 topic: str = DEADLETTER) -> None:
+                 topic: str = DEADLETTER, on_skip: Callable[[str, str], None] | None = None) -> None:
         self.bus = bus
         self.codec = codec
         self.topic = topic
         self.on_dead_letter = on_dead_letter
+        self.on_skip = on_skip
         self.counts: dict[str, int] = {}
+        self.skipped: dict[tuple[str, str], int] = {}  # (topic, reason) -> records skipped
 
-    def send(self, record: Record, reason: str, error: BaseException | str, stage: str, detail: str = "") -> None:
+    def send(self, record: Record, reason: str, error: BaseException | str, stage: str, detail: str = "") -> bool:
+        """Dead-letter ``record``; True, or False when ``stage`` does not own its topic's dead
+        letters and the record was only skipped and counted."""
+        if not dead_letters_here(record.topic, stage):
+            self.skip(record.topic, reason)
+            return False
         value = record.value
         if len(value) > MAX_DEADLETTER_PAYLOAD:
             detail = f"{detail} (payload of {len(value)} bytes cut to {MAX_DEADLETTER_PAYLOAD})".strip()
@@ -55,6 +63,13 @@ class DeadLetters:
         self.counts[reason] = self.counts.get(reason, 0) + 1
         if self.on_dead_letter is not None:
             self.on_dead_letter(record.topic, reason)
+        return True
+
+    def skip(self, topic: str, reason: str) -> None:
+        """Count a bad record of ``topic`` that its owner dead-letters."""
+        self.skipped[(topic, reason)] = self.skipped.get((topic, reason), 0) + 1
+        if self.on_skip is not None:
+            self.on_skip(topic, reason)
 
 
 class EventBus:
@@ -62,10 +77,10 @@ class EventBus:
 
     def __init__(self, bus: Bus, codec: Codec | None = None,
                  on_dead_letter: Callable[[str, str], None] | None = None,
-                 dead_letter_topic: str = DEADLETTER) -> None:
+                 dead_letter_topic: str = DEADLETTER, on_skip: Callable[[str, str], None] | None = None) -> None:
         self.bus = bus
         self.codec = codec or Codec()
-        self.dead_letters = DeadLetters(bus, self.codec, on_dead_letter, topic=dead_letter_topic)
+        self.dead_letters = DeadLetters(bus, self.codec, on_dead_letter, topic=dead_letter_topic, on_skip=on_skip)
 
     def publish(self, topic: str, event: Any, key: str | bytes | None = None) -> None:
         if isinstance(key, str):
@@ -82,7 +97,8 @@ class EventBus:
 
 class EventConsumer(Generic[E]):
     """Decodes records; a record that fails (corrupt, unknown schema, wrong type, invalid) goes
-    to the dead-letter topic with the reason and is committed past like any handled record."""
+    to the dead-letter topic with the reason (or, on a topic another stage owns, is skipped and
+    counted) and is committed past like any handled record."""
 
     def __init__(self, events: EventBus, consumer: Consumer, stage: str, expect: type | tuple | None) -> None:
         self.events = events
@@ -109,8 +125,9 @@ class EventConsumer(Generic[E]):
             self.events.dead_letters.send(rec, e.reason, e, self.stage)
             return None
 
-    def dead_letter(self, rec: Record, reason: str, error: BaseException | str, detail: str = "") -> None:
-        self.events.dead_letters.send(rec, reason, error, self.stage, detail)
+    def dead_letter(self, rec: Record, reason: str, error: BaseException | str, detail: str = "") -> bool:
+        """Dead-letter ``rec`` (True), or skip and count it where another stage owns the topic's."""
+        return self.events.dead_letters.send(rec, reason, error, self.stage, detail)
 
     def commit(self, records: list[Record] | None = None, *, offsets: dict | None = None) -> None:
         self.raw.commit(records, offsets=offsets)

@@ -26,6 +26,8 @@ driven by Faust over Kafka:
   circuit breaker watch, is current.
 
 Exceptions while handling one record dead-letter it (``processor_error``); the agent goes on.
+A bad record of rl.policy.versions is skipped and counted instead (``skipped``,
+``rlstream_skipped_total``): the learner owns its dead letter (``streams.topics.DEAD_LETTER_OWNERS``).
 Settings come from the environment once, here (``StreamsSettings.from_env``): ``KAFKA_BROKERS``
 (comma separated host:port), the Kafka security settings the bus reads
 (``streams.bus.kafka.kafka_client_config``), mapped to Faust credentials and aiokafka
@@ -57,7 +59,15 @@ from schemas.events import DeadLetter, PolicyVersion, PreparedBatch, SampleBatch
 from streams.events import MAX_DEADLETTER_PAYLOAD
 from streams.processors.importance import PolicyLogpFn
 from streams.processors.pipeline import REASON_PROCESSOR_ERROR, Output, Prepare, PrepareConfig
-from streams.topics import DEADLETTER, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW, STREAMS_GROUP, TOPICS
+from streams.topics import (
+    DEADLETTER,
+    POLICY_VERSIONS,
+    SAMPLES_PREPARED,
+    SAMPLES_RAW,
+    STREAMS_GROUP,
+    TOPICS,
+    dead_letters_here,
+)
 
 log = logging.getLogger(__name__)
 
@@ -249,6 +259,7 @@ class StreamsApp:
         self._policies_ready: asyncio.Event | None = None  # set by follow-policies once caught up
         self.published = 0
         self.dead_lettered = 0
+        self.skipped = 0  # bad records of a topic whose dead letters another role owns
         self._wire()
 
     def _topic(self, name: str) -> Any:
@@ -457,7 +468,7 @@ class StreamsApp:
     # -- output -----------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
         return {"role": "streams", "policy_id": self.prepare.policy_id, "published": self.published,
-                "dead_lettered": self.dead_lettered, **self.prepare.stats.as_dict()}
+                "dead_lettered": self.dead_lettered, "skipped": self.skipped, **self.prepare.stats.as_dict()}
 
     def write_summary(self) -> None:
         """One ``{"summary": ...}`` line on the real stdout (the worker redirects ``sys.stdout``)."""
@@ -498,6 +509,11 @@ class StreamsApp:
                 event.ack()
 
     async def _dead_letter(self, msg: Any, reason: str, error: BaseException | str, detail: str = "") -> None:
+        if not dead_letters_here(str(msg.topic), STAGE):  # the learner dead-letters policy records
+            self.skipped += 1
+            if self.metrics is not None:
+                self.metrics.count_skipped(str(msg.topic), reason)
+            return
         value = msg.value if isinstance(msg.value, (bytes, bytearray)) else repr(msg.value).encode()
         if len(value) > MAX_DEADLETTER_PAYLOAD:
             detail = f"{detail} (payload of {len(value)} bytes cut to {MAX_DEADLETTER_PAYLOAD})".strip()

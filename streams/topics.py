@@ -27,6 +27,20 @@ SCHEMAS = "rl.schemas"
 # policy latency (publish -> adoption) from it.
 PUBLISHED_NS_HEADER = "rl-published-ns"
 
+#: Who dead-letters a bad record of a topic that every reader reads in full (no consumer group):
+#: the owner's stage, alone, so one bad record makes one dead letter. Other readers skip the
+#: record and count it (``rlstream_skipped_total{topic,reason}``). rl.policy.versions belongs to
+#: the learner: one per run in both modes (Faust workers and actors scale out), and the writer.
+DEAD_LETTER_OWNERS: dict[str, str] = {POLICY_VERSIONS: "learner"}
+
+
+def dead_letters_here(topic: str, stage: str) -> bool:
+    """Does a reader of ``topic`` at ``stage`` dead-letter its bad records (else: skip and count)?
+    A topic name with a prefix (``<namespace>.rl.policy.versions``) has its base name's owner."""
+    owner = next((o for t, o in DEAD_LETTER_OWNERS.items() if topic == t or topic.endswith("." + t)), None)
+    return owner is None or owner == stage
+
+
 #: Consumer group of the stream processors on rl.samples.raw (the Faust app id): its backlog
 #: there (``Bus.group_lag(STREAMS_GROUP, SAMPLES_RAW)``) is what actors' backpressure, the dynamic
 #: fragment length and the learner's circuit breaker watch.

@@ -12,7 +12,9 @@ dead-letter rejections with their reason, flush, then commit.
 Commits never pass a batch still held in the reorder buffer: the committed offset of a
 partition stops at the lowest held offset, so a crash redelivers held batches (at least once;
 the learner's batch_id dedup or ours drops the copies). Any exception raised while handling
-one record dead-letters that record (reason ``processor_error``) and the worker goes on.
+one record dead-letters that record (reason ``processor_error``) and the worker goes on. A bad
+record of rl.policy.versions is skipped and counted instead (``skipped``): the learner owns its
+dead letter (``streams.topics.DEAD_LETTER_OWNERS``).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class PrepareWorker:
         self._committed: dict[int, int] = {}
         self.published = 0
         self.dead_lettered = 0
+        self.skipped = 0  # bad records of a topic whose dead letters another role owns
         self.errors = 0
 
     # -- one step ---------------------------------------------------------------------------
@@ -166,8 +169,10 @@ class PrepareWorker:
 
     def _dead_letter(self, consumer: EventConsumer, rec: Record, reason: str, error: BaseException | str,
                      detail: str = "") -> None:
-        consumer.dead_letter(rec, reason, error, detail)
-        self.dead_lettered += 1
+        if consumer.dead_letter(rec, reason, error, detail):
+            self.dead_lettered += 1
+        else:  # a policy record: the learner owns its dead letter
+            self.skipped += 1
 
     def _commit(self) -> None:
         low: dict[int, int] = {}

@@ -86,7 +86,7 @@ class PPO(BaseAlgorithm):
             self.policy, batch, cfg.bootstrap_on_truncation, use_batch_values=not cfg.decoupled
         )
         if cfg.normalize_reward:
-            rewards = self.reward_scaler(batch.rewards, batch.terminated, batch.stream_ids)
+            rewards = self.reward_scaler(batch.rewards, batch.terminated, batch.stream_ids, batch.mask)
         else:
             rewards = batch.rewards
         advantages, returns = compute_gae(

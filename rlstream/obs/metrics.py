@@ -35,6 +35,7 @@ rlstream_samples_total                     counter    stage
 rlstream_sps                               gauge      stage
 rlstream_drops_total                       counter    reason
 rlstream_dead_letters_total                counter    topic, reason
+rlstream_skipped_total                     counter    topic, reason
 rlstream_consumer_lag                      gauge      group, topic
 rlstream_batch_size                        gauge
 rlstream_step_duration_seconds             histogram  phase
@@ -127,6 +128,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "rlstream_sps",
     "rlstream_drops_total",
     "rlstream_dead_letters_total",
+    "rlstream_skipped_total",
     "rlstream_consumer_lag",
     "rlstream_batch_size",
     "rlstream_step_duration_seconds",
@@ -364,6 +366,11 @@ class _Shared:
             "Records sent to the dead-letter topic, by original topic and reason.",
             R + ["topic", "reason"], namespace=NAMESPACE, registry=r,
         )
+        self.skipped = Counter(
+            "skipped",
+            "Bad records skipped by a reader that does not own their topic's dead letters, by topic and reason.",
+            R + ["topic", "reason"], namespace=NAMESPACE, registry=r,
+        )
         self.consumer_lag = Gauge(
             "consumer_lag",
             "Consumer group lag in messages (log end offset minus committed offset, all partitions).",
@@ -558,6 +565,10 @@ class Metrics:
     def count_dead_letter(self, topic: str, reason: str, n: int = 1) -> None:
         """``n`` records from ``topic`` were dead-lettered for ``reason``."""
         self._s.dead_letters.labels(role=self.role, topic=topic, reason=reason).inc(n)
+
+    def count_skipped(self, topic: str, reason: str, n: int = 1) -> None:
+        """``n`` bad records from ``topic`` were skipped for ``reason`` (another role dead-letters them)."""
+        self._s.skipped.labels(role=self.role, topic=topic, reason=reason).inc(n)
 
     def set_consumer_lag(self, group: str, topic: str, messages: float) -> None:
         """Consumer lag of ``group`` on ``topic``, summed over partitions, in messages."""

@@ -2,7 +2,9 @@
 
 For each reader of a topic: interleave good events with surely-bad records (``malformed``), and
 check that the reader keeps running, handles every good event, and dead-letters every bad
-record, once, with a reason: ``dead letters == bad records``.
+record, once, with a reason: ``dead letters == bad records``. On rl.policy.versions, which every
+reader reads in full, only the learner dead-letters (``streams.topics.DEAD_LETTER_OWNERS``); the
+other readers skip each bad record and count it: ``skipped == bad records``, no dead letter.
 
 Entry points: the in-process stream processors (``PrepareWorker``: rl.samples.raw is fuzzed in
 tests/streams; here its policy reader, and exact counts on raw samples), the learner
@@ -77,6 +79,14 @@ def check_dead_letters(dead: list[DeadLetter], bad: list[tuple[int, str]]) -> No
     assert all(d.reason and d.error_class for d in dead)
 
 
+def check_skipped(events: EventBus, bad: list) -> None:
+    """A reader that does not own rl.policy.versions' dead letters (the learner does) writes
+    none: it skips each bad record and counts it, by reason."""
+    assert dead_letters(events, POLICY_VERSIONS) == []
+    assert set(t for t, _ in events.dead_letters.skipped) <= {POLICY_VERSIONS}
+    assert sum(events.dead_letters.skipped.values()) == len(bad), (events.dead_letters.skipped, bad)
+
+
 # --- stream processors: PrepareWorker --------------------------------------------------------
 
 def _worker(events: EventBus):
@@ -115,7 +125,7 @@ def test_prepare_worker_dead_letters_exactly_the_bad_raw_samples(steps):
 
 @FUZZ
 @given(plan(bad_policy_records()))
-def test_prepare_worker_dead_letters_bad_policy_records_and_follows_the_good(steps):
+def test_prepare_worker_skips_bad_policy_records_and_follows_the_good(steps):
     events = new_events()
     bad, version = [], -1
     for i, (kind, b) in enumerate(steps):
@@ -128,7 +138,8 @@ def test_prepare_worker_dead_letters_bad_policy_records_and_follows_the_good(ste
     worker = _worker(events)
     worker.policies = events.consumer(None, [POLICY_VERSIONS], stage="streams.prepare", start="earliest")
     worker.step(0)
-    check_dead_letters(dead_letters(events, POLICY_VERSIONS), bad)
+    check_skipped(events, bad)
+    assert worker.skipped == len(bad) and worker.dead_lettered == 0
     assert worker.prepare.stats.latest_version == (version if version >= 0 else None)
     events.publish(SAMPLES_RAW, sample_batch("a", 0, version=max(version, 0)), key="a")
     worker.step(0)
@@ -173,9 +184,12 @@ def test_learner_dead_letters_bad_prepared_batches_and_trains_the_good(steps):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.one_of(bad_policy_records().map(lambda b: ("record", b)),
-                          unloadable_versions(st.integers(5, 50)).map(lambda b: ("version", b))),
+                          unloadable_versions(st.integers(5, 50)).map(lambda b: ("version", b)),
+                          unloadable_versions(st.just(0)).map(lambda b: ("old", b))),
                 min_size=1, max_size=8))
 def test_learner_dead_letters_foreign_versions_it_cannot_adopt(items):
+    """The learner owns rl.policy.versions' dead letters: it checks every foreign version of its
+    policy, also one not newer than its own (``old``) that it would not adopt anyway."""
     events = new_events()
     lr = _learner(events)
     start = events.bus.end_offsets(POLICY_VERSIONS)[0]
@@ -184,9 +198,10 @@ def test_learner_dead_letters_foreign_versions_it_cannot_adopt(items):
         offset = events.bus.end_offsets(POLICY_VERSIONS)[0]
         if kind == "record":
             events.bus.produce(POLICY_VERSIONS, x, key=b"policy")
-        else:  # a "rollback" by another writer, newer than the learner's version, that does not load
+        else:  # a "rollback" by another writer, newer than the learner's version (or not), that does not load
+            version = lr.version + 1 + offset if kind == "version" else 0
             events.publish(POLICY_VERSIONS, type(x)(**{**x.__dict__, "learner_id": "rollback",
-                                                        "version": lr.version + 1 + offset}), key="policy")
+                                                        "version": version}), key="policy")
         bad.append((offset, why))
         lr.step(0)
     assert lr.version == 0 and lr.stats.adopted_versions == 0
@@ -222,7 +237,7 @@ def _publish_step(events: EventBus, kind: str, item, version: int) -> tuple[int,
 
 @FUZZ
 @given(_one_at_a_time_policy_plan())
-def test_actor_policy_subscriber_dead_letters_what_it_cannot_adopt(steps):
+def test_actor_policy_subscriber_skips_what_it_cannot_adopt(steps):
     from actor.policy_client import PolicySubscriber
 
     events = new_events()
@@ -235,7 +250,7 @@ def test_actor_policy_subscriber_dead_letters_what_it_cannot_adopt(steps):
         else:
             bad.append((offset, why))
         sub.poll(0)
-    check_dead_letters(dead_letters(events, POLICY_VERSIONS), bad)
+    check_skipped(events, bad)
     assert sub.version == newest_good and sub.adopted == sum(k == "good" for k, _ in steps)
     if newest_good >= 0:
         obs = torch.zeros(2, OBS)
@@ -247,7 +262,7 @@ def test_actor_policy_subscriber_dead_letters_what_it_cannot_adopt(steps):
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_one_at_a_time_policy_plan())
-def test_serve_follower_dead_letters_what_it_cannot_load_and_keeps_serving(steps):
+def test_serve_follower_skips_what_it_cannot_load_and_keeps_serving(steps):
     from rlstream.serve import PolicyServer
 
     events = new_events()
@@ -267,7 +282,7 @@ def test_serve_follower_dead_letters_what_it_cannot_load_and_keeps_serving(steps
                 assert time.monotonic() < deadline, "the follower stopped following"
                 time.sleep(0.01)
         assert server._thread.is_alive()
-        check_dead_letters(dead_letters(events, POLICY_VERSIONS), bad)
+        check_skipped(events, bad)
         assert server.version == newest_good
         assert server.load_failures == sum(k == "version" for k, _ in steps)
     finally:
@@ -278,7 +293,7 @@ def test_serve_follower_dead_letters_what_it_cannot_load_and_keeps_serving(steps
 
 @FUZZ
 @given(_one_at_a_time_policy_plan())
-def test_policy_feed_dead_letters_undecodable_records_and_hands_out_the_rest(steps):
+def test_policy_feed_skips_undecodable_records_and_hands_out_the_rest(steps):
     from rlstream.subscribe import PolicyFeed
 
     events = new_events()
@@ -291,7 +306,7 @@ def test_policy_feed_dead_letters_undecodable_records_and_hands_out_the_rest(ste
             handed.append(version)
     feed = PolicyFeed(events, "policy", from_version=0)
     ups = feed.poll(0.5)
-    check_dead_letters(dead_letters(events, POLICY_VERSIONS), undecodable)
+    check_skipped(events, undecodable)
     assert [u.version for u in ups] == handed and feed.undecodable == len(undecodable)
     # A version whose weights do not load says so with a CodecError (a consumer can dead-letter
     # it), never with anything else.
@@ -357,10 +372,11 @@ def test_faust_sample_agent_dead_letters_exactly_the_bad_records(streams_app, st
 
 @FUZZ
 @given(steps=plan(bad_policy_records()))
-def test_faust_policy_reader_dead_letters_bad_records(streams_app, steps):
+def test_faust_policy_reader_skips_bad_records(streams_app, steps):
     sa = streams_app
     sent = _fresh_prepare(sa)
     bad, version = [], -1
+    skipped, dead_lettered = sa.skipped, sa.dead_lettered  # the app lives across examples
 
     async def scenario():
         nonlocal version
@@ -376,7 +392,6 @@ def test_faust_policy_reader_dead_letters_bad_records(streams_app, steps):
             await sa.on_policy_message(msg)
 
     asyncio.run(scenario())
-    dead = [CODEC.decode(v, DeadLetter) for t, _, v in sent if t == DEADLETTER]
-    assert sorted(d.offset for d in dead) == bad and all(d.reason for d in dead)
-    assert {d.topic for d in dead} == {POLICY_VERSIONS}
+    assert [t for t, _, _ in sent if t == DEADLETTER] == []  # the learner dead-letters them
+    assert sa.skipped - skipped == len(bad) and sa.dead_lettered == dead_lettered
     assert sa.prepare.stats.latest_version == (version if version >= 0 else None)

@@ -182,24 +182,31 @@ def prepared_T(seq: int, steps: int) -> PreparedBatch:
     return PreparedBatch(sb, 0, 0, 0, ones, ones, now_ms())
 
 
-def test_fragments_of_different_lengths_train_in_full_batches_and_commits_never_pass_a_waiting_one(events, tmp_path):
-    # dynamic fragment length: 16- and 32-step fragments arrive interleaved
+def test_fragments_of_any_lengths_train_together_in_the_next_update_and_commits_track_them(events, tmp_path):
+    # dynamic fragment lengths: 16-, 32- and 48-step fragments arrive interleaved
     lr = make(events, open_store(tmp_path), train_batch=4 * 16 * N)
     lr.start()
-    order = [16, 32, 16, 16, 16]  # the 16-step bucket fills (4 x 16 steps x 2 envs) at the 5th record
-    for i, steps in enumerate(order):
+    for i, steps in enumerate([16, 32, 48]):  # 96 steps x 2 envs >= 64 x 2: one update on all three
         events.publish(SAMPLES_PREPARED, prepared_T(i, steps), key="actor-0")
     assert lr.step(0) is not None
     step = [events.codec.decode(r.value) for r in events.bus.read_all(LEARNER_STEPS)][-1]
-    assert step.num_samples == 4 * 16 * N and len(step.batch_ids) == 4  # one full batch, no partial update
-    assert lr.buffered == 32 * N  # the 32-step fragment still waits
-    # the commit stops at the waiting record (offset 1), so a crash redelivers it
-    assert lr.consumer.raw.committed() == {(SAMPLES_PREPARED, 0): 1}
-    events.publish(SAMPLES_PREPARED, prepared_T(5, 32), key="actor-0")
+    assert step.num_samples == 96 * N and len(step.batch_ids) == 3
+    assert lr.buffered == 0 and lr.consumer.raw.committed() == {(SAMPLES_PREPARED, 0): 3}
+    # a fragment waiting for the next update holds the commit back, so a crash redelivers it
+    events.publish(SAMPLES_PREPARED, prepared_T(3, 16), key="actor-0")
+    assert lr.step(0) is None and lr.buffered == 16 * N
+    events.bus.produce(SAMPLES_PREPARED, b"not an event", key=b"actor-0")  # dead-lettered at offset 4
+    assert lr.step(0) is None
+    assert lr.consumer.raw.committed() == {(SAMPLES_PREPARED, 0): 3}
+    events.publish(SAMPLES_PREPARED, prepared_T(5, 64), key="actor-0")
     assert lr.step(0) is not None
     step = [events.codec.decode(r.value) for r in events.bus.read_all(LEARNER_STEPS)][-1]
-    assert step.num_samples == 2 * 32 * N and len(step.batch_ids) == 2
-    assert lr.buffered == 0 and lr.consumer.raw.committed() == {(SAMPLES_PREPARED, 0): 6}
+    assert step.num_samples == 80 * N and len(step.batch_ids) == 2
+    assert lr.consumer.raw.committed() == {(SAMPLES_PREPARED, 0): 6}
+    # bad records at the end of the log are committed past without an update
+    events.bus.produce(SAMPLES_PREPARED, b"bad", key=b"actor-0")
+    assert lr.step(0) is None and lr.consumer.raw.committed() == {(SAMPLES_PREPARED, 0): 7}
+    assert len(list(events.bus.read_all(DEADLETTER))) == 2
 
 
 def test_versions_continue_when_another_policy_published_last_on_the_shared_topic(events, tmp_path):

@@ -255,14 +255,15 @@ class TestWorker:
         assert not th.is_alive()
         assert [p.sample.seq for p in read(bus, SAMPLES_PREPARED, PreparedBatch)] == [0, 5]
 
-    def test_bad_policy_record_is_dead_lettered(self, setup):
+    def test_bad_policy_record_is_skipped_and_counted(self, setup):
         clock, bus, events, prepare = setup
         bus.produce(POLICY_VERSIONS, b"\xc3\x01junkjunkjunk")
         events.publish(POLICY_VERSIONS, policy_version(0, clock.t), key="p")
         worker = PrepareWorker(events, prepare)
         worker.step(0)
         assert prepare.stats.latest_version == 0 and prepare.stats.policy_errors == 1
-        assert [d.topic for d in read(bus, DEADLETTER, DeadLetter)] == [POLICY_VERSIONS]
+        assert list(read(bus, DEADLETTER, DeadLetter)) == [] and worker.skipped == 1  # the learner's to dead-letter
+        assert events.dead_letters.skipped == {(POLICY_VERSIONS, "unknown_schema"): 1}
 
 
 # --- hypothesis: malformed / mutated records ------------------------------------------------
@@ -362,7 +363,7 @@ def test_worker_never_raises_and_dead_letters_bad_records(ops):
     worker.close()
 
 
-def test_a_policy_version_whose_weights_do_not_build_is_dead_lettered_and_the_last_good_one_used(setup):
+def test_a_policy_version_whose_weights_do_not_build_is_skipped_and_the_last_good_one_used(setup):
     clock, bus, events, prepare = setup
     now = clock.t
     events.publish(POLICY_VERSIONS, policy_version(0, now - 10), key="policy")
@@ -381,7 +382,6 @@ def test_a_policy_version_whose_weights_do_not_build_is_dead_lettered_and_the_la
     assert [p.sample.seq for p in prepared] == [0, 1]
     # IS fell back to the last policy that could be built (version 1: on-policy for this batch)
     assert prepared[1].current_version == 1
-    dead = read(bus, DEADLETTER, DeadLetter)
-    assert [(d.topic, d.reason) for d in dead] == [(POLICY_VERSIONS, "invalid")]
-    assert CODEC.decode(dead[0].value).version == 2
+    assert list(read(bus, DEADLETTER, DeadLetter)) == []  # the learner dead-letters it
+    assert events.dead_letters.skipped == {(POLICY_VERSIONS, "invalid"): 1}
     assert prepare.stats.policy_errors == 1
