@@ -23,13 +23,18 @@ from streams.topics import SAMPLES_RAW, SCHEMAS, STREAMS_GROUP, all_topics
 
 
 def build_bus(cfg: BusConfig) -> Bus:
-    """The bus of ``cfg`` with every topic created."""
+    """The bus of ``cfg`` in its namespace (roles use logical topic names), every topic created."""
     if cfg.kind == "memory":
         bus = make_bus("memory", path=cfg.log_dir)
     elif cfg.kind == "kafka":
         bus = make_bus("kafka", bootstrap=cfg.bootstrap)
     else:
         raise ValueError(f"unknown bus {cfg.kind!r}")
+    ns = cfg.topics()
+    if ns.name:
+        from streams.bus.namespaced import NamespacedBus
+
+        bus = NamespacedBus(bus, ns)
     bus.create_topics(all_topics(cfg.partitions))
     return bus
 
@@ -77,7 +82,21 @@ def build_flow(cfg: TrainConfig, bus: Bus, metrics: Metrics | None, log=None):
     """The flow control of a decoupled actor (``actor.flow``): on-policy algorithms wait for a
     newer version after their share of a learner batch; off-policy ones free-run under
     backpressure from the stream processors' backlog, with a dynamic fragment length unless
-    ``fragment_steps`` is fixed."""
+    ``fragment_steps`` is fixed. Both wait for the learner once they are
+    ``cfg.steps_ahead_bound()`` env steps ahead of it, and stop at ``cfg.actor_budget()``
+    (``LearnerGate``)."""
+    from actor.flow import LearnerGate
+
+    def on_stall(version: int, ahead: int) -> None:
+        if log is not None:
+            log.warning("learner_stalled", version=version, steps_ahead=ahead,
+                        note="the policy version has not advanced; waiting for the learner")
+
+    return LearnerGate(_inner_flow(cfg, bus, metrics, log), cfg.steps_ahead_bound(), cfg.num_envs,
+                       budget=cfg.actor_budget(), on_stall=on_stall)
+
+
+def _inner_flow(cfg: TrainConfig, bus: Bus, metrics: Metrics | None, log=None):
     from actor.flow import Backpressure, OnPolicySync
 
     if is_on_policy(cfg.algo):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ PUBLISHED_NS_HEADER = "rl-published-ns"
 #: there (``Bus.group_lag(STREAMS_GROUP, SAMPLES_RAW)``) is what actors' backpressure, the dynamic
 #: fragment length and the learner's circuit breaker watch.
 STREAMS_GROUP = "rlstream-streams"
+#: Consumer group of the learner on rl.samples.prepared.
+LEARNER_GROUP = "learner"
 
 # Retention -1: topics are the training record and must stay replayable (offline DPO, audits).
 _KEEP = {"retention.ms": "-1", "max.message.bytes": "16777216"}
@@ -58,3 +61,49 @@ def all_topics(partitions: int | None = None) -> list[TopicSpec]:
                   t.compacted, t.config)
         for t in TOPICS.values()
     ]
+
+
+# --- run namespaces ---------------------------------------------------------------------------
+
+_NAMESPACE_RE = re.compile(r"[A-Za-z0-9_-]{1,100}")
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """A run namespace: scopes every topic and consumer group of one run, so runs can share a
+    cluster. ``Namespace("exp1").topic(SAMPLES_RAW) == "exp1.rl.samples.raw"``, groups likewise
+    (``exp1.learner``). The empty namespace is the legacy, unscoped layout (``rl.samples.raw``,
+    group ``learner``): topics written before namespaces existed stay readable with it.
+    Roles name topics by their logical names; ``streams.bus.namespaced`` maps them."""
+
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.name and not _NAMESPACE_RE.fullmatch(self.name):
+            raise ValueError(f"namespace {self.name!r}: use 1-100 of A-Z a-z 0-9 _ - (no dots)")
+
+    def topic(self, logical: str) -> str:
+        return f"{self.name}.{logical}" if self.name else logical
+
+    group = topic  # groups are scoped the same way
+
+    def logical(self, scoped: str) -> str:
+        """The logical name of a scoped topic (or group) name."""
+        prefix = f"{self.name}."
+        return scoped[len(prefix):] if self.name and scoped.startswith(prefix) else scoped
+
+    def topics(self, partitions: int | None = None) -> list[TopicSpec]:
+        """``all_topics(partitions)`` under their scoped names."""
+        return [replace(t, name=self.topic(t.name)) for t in all_topics(partitions)]
+
+    def groups(self) -> list[str]:
+        """The scoped consumer groups of the roles."""
+        return [self.group(g) for g in (STREAMS_GROUP, LEARNER_GROUP)]
+
+    @classmethod
+    def derive(cls, value: str) -> "Namespace":
+        """A valid namespace from free text (a run id): other characters become ``-``."""
+        return cls(re.sub(r"[^A-Za-z0-9_-]", "-", value)[:100])
+
+
+LEGACY = Namespace("")
