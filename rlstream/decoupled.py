@@ -245,7 +245,8 @@ class RunMonitor:
             "return_mean20": round(sum(returns) / len(returns), 1) if returns else None,
             "updates": int(learner.get("updates", 0)),
             "policy_version": version,
-            "policy_lag": version - min(actor_versions) if actor_versions else None,
+            # versions the slowest actor is behind the newest (the learner's state may be older)
+            "policy_lag": max(version, *actor_versions) - min(actor_versions) if actor_versions else None,
             "consumer_lag_raw": self._lag(STREAMS_GROUP, SAMPLES_RAW),
             "consumer_lag_prepared": self._lag(LEARNER_GROUP, SAMPLES_PREPARED),
             "stalled": sorted(n for n, st in states.items() if st.get("stalled")),
