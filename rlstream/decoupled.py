@@ -291,7 +291,7 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     actors = [f"actor-{i}" for i in range(cfg.num_actors)]
     monitor = RunMonitor(cfg, bus, actors, log)
     drain_s = max(30.0, 3 * cfg.log_every_s)
-    rc = None
+    rc, ended = None, "stopped"  # why the run ended: learner_done, drained or stopped (a signal)
     try:
         spawn("learner", _role_cmd("learner", cfg, []))
         spawn("streams", [sys.executable, "-m", "faust", "-A", "streams", "--datadir",
@@ -308,6 +308,7 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
             if rc is not None:
                 if rc != 0:
                     raise ChildExited("learner", rc, log_path("learner"))
+                ended = "learner_done"
                 break
             for name, p in procs.items():
                 code = p.poll()
@@ -323,6 +324,7 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
                         if log is not None:
                             log.info("learner_drained", updates=updates,
                                      note=f"actors spent their budget; no update for {drain_s:.0f}s")
+                        ended = "drained"
                         break
             stop.wait(0.5)
         monitor.log_line()
@@ -344,7 +346,8 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
             if line.startswith('{"summary"'):
                 summaries[name] = json.loads(line)["summary"]
                 break
-    summary = {"mode": "decoupled", "namespace": cfg.bus.namespace, "learner_exit": rc, "processes": summaries,
+    summary = {"mode": "decoupled", "namespace": cfg.bus.namespace, "ended": ended, "learner_exit": rc,
+               "processes": summaries,
                "exit_codes": {n: p.returncode for n, p in procs.items()}}
     (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

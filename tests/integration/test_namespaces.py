@@ -6,7 +6,8 @@
 * a paused learner (SIGSTOP) holds an actor back at ``--max-steps-ahead`` and the stall shows in
   its ``/readyz``, its progress state and the run monitor; an actor with ``--actor-steps``
   publishes exactly its budget and exits 0;
-* a child killed during ``train --mode decoupled`` fails the run with an error naming its log.
+* a child killed during ``train --mode decoupled`` fails the run with an error naming its log;
+* actors whose budget is less than the learner needs end the run (drained), not hang it.
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ def test_two_decoupled_runs_share_a_broker_and_nothing_crosses(kafka_bootstrap, 
     for name, (ns, out, p) in runs.items():
         summary = json.loads((tmp_path / name / "summary.json").read_text())
         assert summary["namespace"] == ns and set(summary["exit_codes"].values()) == {0}
+        assert summary["ended"] == "learner_done"
         assert summary["processes"]["learner"]["updates"] == 2
         with scoped_bus(kafka_bootstrap, ns) as bus:
             raw = [codec.decode(r.value, SampleBatch) for r in bus.read_all(SAMPLES_RAW)]
@@ -228,3 +230,18 @@ def test_a_dead_child_fails_the_run_naming_its_log(kafka_bootstrap, namespace, t
             p.kill()
     text = out.read_text()
     assert f"error: actor-0 exited with code -9; see its log {run_dir / 'actor-0.log'}" in text, text[-3000:]
+
+
+def test_the_run_ends_once_actors_spent_their_budget_and_the_learner_is_idle(kafka_bootstrap, namespace, tmp_path):
+    """Actors with less budget than the learner needs: the run does not hang, it drains."""
+    run_dir, out = tmp_path / "run", tmp_path / "train.out"
+    cmd = cli("train", "--mode", "decoupled", "--algo", "ppo", "--env", ENV_ID, "--total-steps", "2048",
+              "--train-batch-size", "1024", "--actor-steps", "1024", "--bootstrap", kafka_bootstrap,
+              "--run-dir", str(run_dir), "--metrics-port", "-1", "--log-every", "2", "--namespace", namespace())
+    p = subprocess.run(cmd, cwd=str(ROOT), env=child_env(), stdout=out.open("w"), stderr=subprocess.STDOUT,
+                       timeout=600)
+    assert p.returncode == 0, out.read_text()[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["ended"] == "drained" and set(summary["exit_codes"].values()) == {0}
+    assert summary["processes"]["actor-0"]["steps"] == 1024 and summary["processes"]["learner"]["updates"] == 1
+    assert "learner_drained" in out.read_text()
