@@ -26,9 +26,11 @@ Co-located mode needs neither: one driver steps actor, processors and learner in
 * ``LearnerGate`` wraps either and watches end-to-end progress: the learner publishes a new
   policy version per update, so env steps an actor published since the version it follows last
   advanced are steps the learner has not caught up on. Past ``max_steps_ahead`` the actor waits
-  for a newer version, without a time-out: a stalled (or absent) learner holds its actors back,
-  however low the processors' backlog (they may drop everything as stale, or as another
-  policy's). ``stalled`` says so, for progress lines and ``/readyz``. With ``budget`` it also
+  for a newer version, without a time-out, as long as the end-to-end ``backlog`` (records the
+  processors and the learner have not consumed) is above ``max_backlog``: a stalled (or absent)
+  learner holds its actors back, while a learner that has consumed everything and still waits
+  for data (a fragment was lost or dropped) gets more. ``stalled`` says so, for progress lines
+  and ``/readyz``. With ``budget`` it also
   ends the actor's run: fragments are cut to what is left of it, so an actor never publishes
   more env steps than its budget, and ``exhausted`` tells the loop to stop.
 
@@ -251,6 +253,8 @@ class GateStats:
     """Env steps published since the policy version last advanced."""
     published: int = 0
     """Env steps published in all (counted against ``budget``)."""
+    backlog_errors: int = 0
+    """End-to-end backlog reads that failed (the last value was kept)."""
 
 
 class LearnerGate:
@@ -258,6 +262,7 @@ class LearnerGate:
     See the module docstring."""
 
     def __init__(self, inner: Flow, max_steps_ahead: int, num_envs: int = 1, budget: int | None = None,
+                 backlog: Callable[[], float] | None = None, max_backlog: int = 0, check_every_s: float = 0.5,
                  clock: Callable[[], float] = time.monotonic,
                  on_stall: Callable[[int, int], None] | None = None) -> None:
         if max_steps_ahead < 1:
@@ -266,6 +271,11 @@ class LearnerGate:
             raise ValueError("budget must be >= 1")
         self.inner = inner
         self.budget = budget
+        self.backlog = backlog
+        self.max_backlog = max_backlog
+        self.check_every_s = check_every_s
+        self._backlog_at: float | None = None
+        self._backlog = float("inf")  # unknown: assume the learner is behind
         self.max_steps_ahead = int(max_steps_ahead)
         self.num_envs = max(1, int(num_envs))
         self.clock = clock
@@ -301,14 +311,30 @@ class LearnerGate:
                 self._stalled_since = None
         if self.exhausted:
             return False
-        if self.gate.steps_ahead >= self.max_steps_ahead:
+        if self.gate.steps_ahead >= self.max_steps_ahead and self._behind(now):
             if self._stalled_since is None:
                 self._stalled_since = now
                 self.gate.stalls += 1
                 if self.on_stall is not None:
                     self.on_stall(version, self.gate.steps_ahead)
             return False
+        if self._stalled_since is not None:  # the backlog cleared: the learner waits for data
+            self.gate.stalled_s += now - self._stalled_since
+            self._stalled_since = None
         return self.inner.allow(version)
+
+    def _behind(self, now: float) -> bool:
+        """Is the end-to-end backlog above ``max_backlog``? (read at most every ``check_every_s``;
+        a failed read keeps the last value)"""
+        if self.backlog is None:
+            return True
+        if self._backlog_at is None or now - self._backlog_at >= self.check_every_s:
+            self._backlog_at = now
+            try:
+                self._backlog = float(self.backlog())
+            except Exception:
+                self.gate.backlog_errors += 1
+        return self._backlog > self.max_backlog
 
     def fragment_steps(self, default: int) -> int:
         steps, left = self.inner.fragment_steps(default), self._left_per_env()

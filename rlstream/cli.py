@@ -74,14 +74,16 @@ def _add_training(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy-wait", type=float, default=20.0,
                    help="decoupled on-policy actors: most seconds to wait for a newer version")
     p.add_argument("--max-backlog", type=int, default=64,
-                   help="decoupled off-policy actors: pause above this stream-processor backlog (records)")
+                   help="decoupled off-policy actors: pause above this stream-processor backlog (records); "
+                        "all actors: wait for a learner --max-steps-ahead behind above this end-to-end backlog")
     p.add_argument("--fixed-fragments", action="store_true",
                    help="decoupled off-policy actors: no dynamic fragment length")
     p.add_argument("--actor-steps", type=int, default=None,
                    help="decoupled: env steps per actor before it stops (default: total steps / actors)")
     p.add_argument("--max-steps-ahead", type=int, default=None,
                    help="decoupled: env steps an actor may publish while the policy version does not "
-                        "advance before it waits for the learner (default: 4 learner batches or fragments)")
+                        "advance before it waits for the learner, if records queue up end to end "
+                        "(--max-backlog; default: 4 learner batches or fragments)")
     p.add_argument("--torch-threads", type=int, default=None,
                    help="torch intra-op threads (default: 1 in decoupled role processes, torch's own co-located)")
 

@@ -154,7 +154,9 @@ class TrainConfig:
     more fragment under the old one (a batch lost on the way must not stall training)."""
     max_backlog: int = 64
     """Decoupled, off-policy: actors pause while the stream processors' backlog on
-    rl.samples.raw (records not yet committed by their group) is above this, and resume at half."""
+    rl.samples.raw (records not yet committed by their group) is above this, and resume at half.
+    All algorithms: the end-to-end backlog (that plus the learner's on rl.samples.prepared) above
+    which an actor ``max_steps_ahead`` ahead of the learner waits for it."""
     dynamic_fragments: bool = True
     """Decoupled, off-policy, no ``fragment_steps`` given: the fragment length follows that
     backlog (``learner.batch_size.BatchSizeController``, 32..256 steps per env)."""
@@ -163,8 +165,9 @@ class TrainConfig:
     ceil(total_steps / num_actors)."""
     max_steps_ahead: int | None = None
     """Decoupled: env steps an actor may publish since the policy version last advanced before it
-    waits for the learner (``actor.flow.LearnerGate``); None: 4 x the larger of one learner batch
-    and one fragment of the actor (``steps_ahead_bound``)."""
+    waits for the learner, while the end-to-end backlog is above ``max_backlog``
+    (``actor.flow.LearnerGate``); None: 4 x the larger of one learner batch and one fragment of
+    the actor (``steps_ahead_bound``)."""
     torch_threads: int | None = None
     """Intra-op threads of torch in this process; None: 1 in the decoupled role processes (they
     share the machine: small-MLP updates on contended cores run several times slower with more),

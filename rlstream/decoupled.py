@@ -129,7 +129,12 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
     events = wiring.build_events(bus, metrics)
     info = wiring.env_info(cfg)
     algo = wiring.build_algo(cfg, info.obs_dim, info.act_dim)
-    progress = Progress(total_steps=cfg.total_steps, log_every_s=cfg.log_every_s, log=log,
+    last_update = [time.monotonic()]
+
+    def idle() -> dict[str, Any]:  # a learner without data for long is the sign of a stalled run
+        return {"idle_s": round(time.monotonic() - last_update[0], 1)}
+
+    progress = Progress(total_steps=cfg.total_steps, log_every_s=cfg.log_every_s, log=log, extra=idle,
                         state_path=state_path(cfg, "learner"))
     breaker = CircuitBreaker(open_above=cfg.breaker_open_above, close_below=cfg.breaker_close_below,
                              min_open_s=1.0, on_change=metrics.circuit_breaker_hook())
@@ -139,6 +144,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
         progress.updates = learner.stats.updates
         progress.version = learner.version
         progress.steps = learner.stats.samples_trained
+        last_update[0] = time.monotonic()
         bind_policy_version(learner.version)
 
     learner = wiring.build_learner(cfg, events, metrics, algo, on_update=on_update, breaker=breaker,
@@ -148,6 +154,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
     if health is not None:
         health.register("policy_published", lambda: (learner.version >= 0, {"version": learner.version}))
         health.register("breaker", lambda: (True, {"state": breaker.state.name, "trips": breaker.trips}))
+        health.register("training", lambda: (True, {"updates": learner.stats.updates, **idle()}))
     started = time.perf_counter()
     max_updates = max(1, cfg.total_steps // cfg.train_batch_size)
     try:
@@ -250,6 +257,7 @@ class RunMonitor:
             "consumer_lag_raw": self._lag(STREAMS_GROUP, SAMPLES_RAW),
             "consumer_lag_prepared": self._lag(LEARNER_GROUP, SAMPLES_PREPARED),
             "stalled": sorted(n for n, st in states.items() if st.get("stalled")),
+            "learner_idle_s": learner.get("idle_s"),
         }
 
     def log_line(self) -> dict[str, Any]:

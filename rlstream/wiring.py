@@ -19,7 +19,7 @@ from schemas.codec import Codec, SchemaTopic
 from schemas.events import SampleBatch
 from streams.bus import Bus, make_bus
 from streams.events import EventBus
-from streams.topics import SAMPLES_RAW, SCHEMAS, STREAMS_GROUP, all_topics
+from streams.topics import LEARNER_GROUP, SAMPLES_PREPARED, SAMPLES_RAW, SCHEMAS, STREAMS_GROUP, all_topics
 
 
 def build_bus(cfg: BusConfig) -> Bus:
@@ -83,8 +83,8 @@ def build_flow(cfg: TrainConfig, bus: Bus, metrics: Metrics | None, log=None):
     newer version after their share of a learner batch; off-policy ones free-run under
     backpressure from the stream processors' backlog, with a dynamic fragment length unless
     ``fragment_steps`` is fixed. Both wait for the learner once they are
-    ``cfg.steps_ahead_bound()`` env steps ahead of it, and stop at ``cfg.actor_budget()``
-    (``LearnerGate``)."""
+    ``cfg.steps_ahead_bound()`` env steps ahead of it while more than ``cfg.max_backlog`` records
+    wait for the processors and the learner, and stop at ``cfg.actor_budget()`` (``LearnerGate``)."""
     from actor.flow import LearnerGate
 
     def on_stall(version: int, ahead: int) -> None:
@@ -92,8 +92,11 @@ def build_flow(cfg: TrainConfig, bus: Bus, metrics: Metrics | None, log=None):
             log.warning("learner_stalled", version=version, steps_ahead=ahead,
                         note="the policy version has not advanced; waiting for the learner")
 
+    def backlog() -> float:  # records the processors and the learner have not consumed
+        return float(bus.group_lag(STREAMS_GROUP, SAMPLES_RAW) + bus.group_lag(LEARNER_GROUP, SAMPLES_PREPARED))
+
     return LearnerGate(_inner_flow(cfg, bus, metrics, log), cfg.steps_ahead_bound(), cfg.num_envs,
-                       budget=cfg.actor_budget(), on_stall=on_stall)
+                       budget=cfg.actor_budget(), backlog=backlog, max_backlog=cfg.max_backlog, on_stall=on_stall)
 
 
 def _inner_flow(cfg: TrainConfig, bus: Bus, metrics: Metrics | None, log=None):

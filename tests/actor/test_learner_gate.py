@@ -58,3 +58,28 @@ def test_budget_cuts_the_last_fragment_and_stops_the_actor():
         total += steps * 4
     assert total == 248  # 32+32 steps per env, then the 62 left; never past the budget
     assert not gate.allow(0)
+
+
+def test_gate_lets_a_starved_learner_have_more_data():
+    """Past the bound, the actor waits only while records queue up end to end."""
+    clock = Clock()
+    backlog = [10.0]
+    inner = OnPolicySync(max_batches_per_version=100, max_wait_s=1.0, clock=clock)
+    gate = LearnerGate(inner, max_steps_ahead=50, backlog=lambda: backlog[0], max_backlog=2,
+                       check_every_s=1.0, clock=clock)
+    assert gate.allow(0)
+    gate.on_published(50, 0)
+    assert not gate.allow(0) and gate.stalled  # 50 ahead, 10 records unconsumed: the learner is behind
+    backlog[0] = 1.0
+    assert not gate.allow(0)  # the backlog is read at most every check_every_s
+    clock.t = 1.0
+    assert gate.allow(0) and not gate.stalled  # consumed, yet no new version: it needs more data
+    assert gate.stats()["learner_stalled_s"] == 1.0
+
+    def broken() -> float:
+        raise RuntimeError("broker down")
+
+    gate = LearnerGate(inner, max_steps_ahead=1, backlog=broken, max_backlog=2, clock=clock)
+    gate.allow(0)
+    gate.on_published(1, 0)
+    assert not gate.allow(0) and gate.gate.backlog_errors == 1  # unknown backlog: assume behind
