@@ -23,7 +23,18 @@ Co-located mode needs neither: one driver steps actor, processors and learner in
   records queue up (less per-record overhead), shorter ones when the processors keep up
   (fresher data). ``on_size`` reports every size (``Metrics.set_batch_size``).
 
-Both are pure apart from the injected ``clock`` and ``backlog`` callables.
+* ``LearnerGate`` wraps either and watches end-to-end progress: the learner publishes a new
+  policy version per update, so env steps an actor published since the version it follows last
+  advanced are steps the learner has not caught up on. Past ``max_steps_ahead`` the actor waits
+  for a newer version, without a time-out, as long as the end-to-end ``backlog`` (records the
+  processors and the learner have not consumed) is above ``max_backlog``: a stalled (or absent)
+  learner holds its actors back, while a learner that has consumed everything and still waits
+  for data (a fragment was lost or dropped) gets more. ``stalled`` says so, for progress lines
+  and ``/readyz``. With ``budget`` it also
+  ends the actor's run: fragments are cut to what is left of it, so an actor never publishes
+  more env steps than its budget, and ``exhausted`` tells the loop to stop.
+
+All are pure apart from the injected ``clock`` and ``backlog`` callables.
 """
 
 from __future__ import annotations
@@ -230,3 +241,112 @@ class Backpressure:
         if self.sizes is not None:
             out["fragment_steps"] = self.sizes.size
         return out
+
+
+@dataclass
+class GateStats:
+    stalls: int = 0
+    """Times the actor got ``max_steps_ahead`` ahead of the learner and waited."""
+    stalled_s: float = 0.0
+    """Seconds spent waiting for the learner (completed waits)."""
+    steps_ahead: int = 0
+    """Env steps published since the policy version last advanced."""
+    published: int = 0
+    """Env steps published in all (counted against ``budget``)."""
+    backlog_errors: int = 0
+    """End-to-end backlog reads that failed (the last value was kept)."""
+
+
+class LearnerGate:
+    """Hold ``inner`` back while the learner lags ``max_steps_ahead`` env steps behind this actor.
+    See the module docstring."""
+
+    def __init__(self, inner: Flow, max_steps_ahead: int, num_envs: int = 1, budget: int | None = None,
+                 backlog: Callable[[], float] | None = None, max_backlog: int = 0, check_every_s: float = 0.5,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_stall: Callable[[int, int], None] | None = None) -> None:
+        if max_steps_ahead < 1:
+            raise ValueError("max_steps_ahead must be >= 1")
+        if budget is not None and budget < 1:
+            raise ValueError("budget must be >= 1")
+        self.inner = inner
+        self.budget = budget
+        self.backlog = backlog
+        self.max_backlog = max_backlog
+        self.check_every_s = check_every_s
+        self._backlog_at: float | None = None
+        self._backlog = float("inf")  # unknown: assume the learner is behind
+        self.max_steps_ahead = int(max_steps_ahead)
+        self.num_envs = max(1, int(num_envs))
+        self.clock = clock
+        self.on_stall = on_stall
+        self.poll_s = inner.poll_s
+        self._version: int | None = None
+        self._stalled_since: float | None = None
+        self.gate = GateStats()
+
+    @property
+    def stalled(self) -> bool:
+        return self._stalled_since is not None
+
+    def _left_per_env(self) -> int | None:
+        return None if self.budget is None else (self.budget - self.gate.published) // self.num_envs
+
+    @property
+    def exhausted(self) -> bool:
+        """The budget is spent (less than one step per env is left)."""
+        left = self._left_per_env()
+        return left is not None and left < 1
+
+    def stalled_for(self) -> float:
+        return 0.0 if self._stalled_since is None else self.clock() - self._stalled_since
+
+    def allow(self, version: int) -> bool:
+        now = self.clock()
+        if version != self._version:
+            self._version = version
+            self.gate.steps_ahead = 0
+            if self._stalled_since is not None:
+                self.gate.stalled_s += now - self._stalled_since
+                self._stalled_since = None
+        if self.exhausted:
+            return False
+        if self.gate.steps_ahead >= self.max_steps_ahead and self._behind(now):
+            if self._stalled_since is None:
+                self._stalled_since = now
+                self.gate.stalls += 1
+                if self.on_stall is not None:
+                    self.on_stall(version, self.gate.steps_ahead)
+            return False
+        if self._stalled_since is not None:  # the backlog cleared: the learner waits for data
+            self.gate.stalled_s += now - self._stalled_since
+            self._stalled_since = None
+        return self.inner.allow(version)
+
+    def _behind(self, now: float) -> bool:
+        """Is the end-to-end backlog above ``max_backlog``? (read at most every ``check_every_s``;
+        a failed read keeps the last value)"""
+        if self.backlog is None:
+            return True
+        if self._backlog_at is None or now - self._backlog_at >= self.check_every_s:
+            self._backlog_at = now
+            try:
+                self._backlog = float(self.backlog())
+            except Exception:
+                self.gate.backlog_errors += 1
+        return self._backlog > self.max_backlog
+
+    def fragment_steps(self, default: int) -> int:
+        steps, left = self.inner.fragment_steps(default), self._left_per_env()
+        return steps if left is None else max(1, min(steps, left))
+
+    def on_published(self, num_steps: int, version: int) -> None:
+        self.gate.published += num_steps * self.num_envs
+        if version == self._version:
+            self.gate.steps_ahead += num_steps * self.num_envs
+        self.inner.on_published(num_steps, version)
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.inner.stats(), "max_steps_ahead": self.max_steps_ahead, "budget": self.budget,
+                "stalled": self.stalled,
+                **{f"learner_{k}": v for k, v in asdict(self.gate).items()}}

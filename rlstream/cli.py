@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import signal
 import sys
 import threading
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-json", action="store_true", help="JSON log lines (default: console)")
     p.add_argument("--run-id", default="")
+    p.add_argument("--namespace", default=None,
+                   help="run namespace scoping every topic and consumer group (<ns>.rl.samples.raw); "
+                        "default: env RLSTREAM_NAMESPACE, else the run id for `train --mode decoupled` "
+                        "and the legacy unscoped names for every other command")
     p.add_argument("--log-dir", default=None,
                    help="memory bus: directory of a run's event log (e.g. runs/latest/log) to read or extend")
 
@@ -70,9 +74,16 @@ def _add_training(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy-wait", type=float, default=20.0,
                    help="decoupled on-policy actors: most seconds to wait for a newer version")
     p.add_argument("--max-backlog", type=int, default=64,
-                   help="decoupled off-policy actors: pause above this stream-processor backlog (records)")
+                   help="decoupled off-policy actors: pause above this stream-processor backlog (records); "
+                        "all actors: wait for a learner --max-steps-ahead behind above this end-to-end backlog")
     p.add_argument("--fixed-fragments", action="store_true",
                    help="decoupled off-policy actors: no dynamic fragment length")
+    p.add_argument("--actor-steps", type=int, default=None,
+                   help="decoupled: env steps per actor before it stops (default: total steps / actors)")
+    p.add_argument("--max-steps-ahead", type=int, default=None,
+                   help="decoupled: env steps an actor may publish while the policy version does not "
+                        "advance before it waits for the learner, if records queue up end to end "
+                        "(--max-backlog; default: 4 learner batches or fragments)")
     p.add_argument("--torch-threads", type=int, default=None,
                    help="torch intra-op threads (default: 1 in decoupled role processes, torch's own co-located)")
 
@@ -149,6 +160,21 @@ def resolve_run_dir(run_dir: Path | None, run_id: str, resume: bool) -> Path:
     return target
 
 
+def train_namespace(given: str, flag: str | None, run_id: str, run_dir: Path, resume: bool) -> str:
+    """The namespace of ``train --mode decoupled``: the flag, else RLSTREAM_NAMESPACE, else (resume)
+    the one ``run_dir`` recorded, else the run id, so every new run has its own topics and groups."""
+    if flag is not None or given:
+        return given
+    from rlstream.decoupled import NAMESPACE_FILE
+
+    recorded = run_dir / NAMESPACE_FILE
+    if resume and recorded.exists():
+        return recorded.read_text().strip()
+    from streams.topics import Namespace
+
+    return Namespace.derive(run_id).name
+
+
 def train_config(a: argparse.Namespace, default_bus: str = "memory"):
     from rlstream.config import BusConfig, TrainConfig
     from streams.processors.pipeline import PrepareConfig
@@ -157,7 +183,9 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
     mode = getattr(a, "mode", "decoupled")
     run_dir = resolve_run_dir(a.run_dir, run_id, a.resume) if mode == "colocated" else (
         a.run_dir or Path("runs") / "decoupled")
-    bus = BusConfig.from_env(kind=a.bus or None, bootstrap=a.bootstrap, log_dir=a.log_dir)
+    bus = BusConfig.from_env(kind=a.bus or None, bootstrap=a.bootstrap, log_dir=a.log_dir, namespace=a.namespace)
+    if a.command == "train" and mode == "decoupled":
+        bus = replace(bus, namespace=train_namespace(bus.namespace, a.namespace, run_id, run_dir, a.resume))
     if mode == "colocated" and (a.bus or "memory") == "memory":
         log_dir = Path(a.log_dir) if a.log_dir else run_dir / "log"
         if not a.resume and (log_dir / "_topics.json").exists():
@@ -165,9 +193,9 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
                              "or choose another --run-dir")
         if a.resume and not (log_dir / "_topics.json").exists():
             raise SystemExit(f"--resume: no run to resume in {run_dir} (no event log at {log_dir})")
-        bus = BusConfig(kind="memory", bootstrap=bus.bootstrap, log_dir=str(log_dir))
+        bus = replace(bus, kind="memory", log_dir=str(log_dir))
     elif a.bus is None and default_bus == "kafka":
-        bus = dataclasses.replace(bus, kind="kafka", log_dir=None)
+        bus = replace(bus, kind="kafka", log_dir=None)
     streams_overrides = {}
     if a.max_versions is not None:
         streams_overrides["max_versions"] = a.max_versions
@@ -183,6 +211,7 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
         streams=PrepareConfig.for_algo(a.algo, policy_id=a.policy_id, **streams_overrides), bus=bus,
         policy_id=a.policy_id, max_batches_per_version=a.max_batches_per_version, policy_wait_s=a.policy_wait,
         max_backlog=a.max_backlog, dynamic_fragments=not a.fixed_fragments, torch_threads=a.torch_threads,
+        actor_steps=a.actor_steps, max_steps_ahead=a.max_steps_ahead,
     )
 
 
@@ -232,9 +261,13 @@ def cmd_train(a: argparse.Namespace) -> int:
             if server is not None:
                 server.stop()
     else:
-        from rlstream.decoupled import run_decoupled
+        from rlstream.decoupled import ChildExited, run_decoupled
 
-        summary = run_decoupled(cfg, log=log, stop=stop)
+        try:
+            summary = run_decoupled(cfg, log=log, stop=stop)
+        except ChildExited as e:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            return 1
     print(json.dumps({"summary": summary}, indent=2))
     return 0
 
@@ -275,7 +308,7 @@ def _tool_bus(a: argparse.Namespace):
         raise SystemExit("--bus memory needs --log-dir (the event log of a co-located run, e.g. runs/latest/log)")
     if kind == "memory" and not (Path(log_dir) / "_topics.json").exists():
         raise SystemExit(f"no event log at {log_dir}")
-    return BusConfig.from_env(kind=kind, bootstrap=a.bootstrap, log_dir=log_dir)
+    return BusConfig.from_env(kind=kind, bootstrap=a.bootstrap, log_dir=log_dir, namespace=a.namespace)
 
 
 def cmd_subscribe(a: argparse.Namespace) -> int:

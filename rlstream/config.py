@@ -11,8 +11,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from streams.processors.pipeline import PrepareConfig
-from streams.topics import Retention, parse_retention
-from rlstream.obs.ports import ENV_BUS, ENV_KAFKA_BROKERS, ENV_REDIS_URL, ENV_RUN_ID, ENV_SNAPSHOT_STORE
+from streams.topics import Namespace, Retention, parse_retention
+from rlstream.obs.ports import (ENV_BUS, ENV_KAFKA_BROKERS, ENV_NAMESPACE, ENV_REDIS_URL, ENV_RUN_ID,
+                                ENV_SNAPSHOT_STORE)
 
 ENV_RETENTION = "RLSTREAM_RETENTION"
 
@@ -31,10 +32,15 @@ class BusConfig:
     retention: dict[str, Retention] = field(default_factory=dict)
     """Per-topic retention over the defaults of ``streams.topics.RETENTION_MS``, applied when this
     process creates the topics (env ``RLSTREAM_RETENTION``, see ``parse_retention``)."""
+    namespace: str = ""
+    """Run namespace scoping every topic and consumer group (``streams.topics.Namespace``);
+    "": the legacy unscoped names."""
 
     @classmethod
     def from_env(cls, kind: str | None = None, bootstrap: str | None = None,
-                 log_dir: str | None = None) -> "BusConfig":
+                 log_dir: str | None = None, namespace: str | None = None) -> "BusConfig":
+        """Flags win over the environment (RLSTREAM_BUS, KAFKA_BROKERS, RLSTREAM_NAMESPACE,
+        RLSTREAM_RETENTION)."""
         try:
             retention = parse_retention(os.environ.get(ENV_RETENTION, ""))
         except ValueError as e:
@@ -44,7 +50,12 @@ class BusConfig:
             bootstrap=bootstrap or os.environ.get(ENV_KAFKA_BROKERS, "127.0.0.1:9092"),
             log_dir=log_dir,
             retention=retention,
+            namespace=(os.environ.get(ENV_NAMESPACE, "") if namespace is None else namespace).strip(),
         )
+
+    def topics(self) -> Namespace:
+        """The namespace object (validates the name)."""
+        return Namespace(self.namespace)
 
 
 @dataclass(frozen=True)
@@ -154,10 +165,20 @@ class TrainConfig:
     more fragment under the old one (a batch lost on the way must not stall training)."""
     max_backlog: int = 64
     """Decoupled, off-policy: actors pause while the stream processors' backlog on
-    rl.samples.raw (records not yet committed by their group) is above this, and resume at half."""
+    rl.samples.raw (records not yet committed by their group) is above this, and resume at half.
+    All algorithms: the end-to-end backlog (that plus the learner's on rl.samples.prepared) above
+    which an actor ``max_steps_ahead`` ahead of the learner waits for it."""
     dynamic_fragments: bool = True
     """Decoupled, off-policy, no ``fragment_steps`` given: the fragment length follows that
     backlog (``learner.batch_size.BatchSizeController``, 32..256 steps per env)."""
+    actor_steps: int | None = None
+    """Decoupled: env steps each actor collects before it stops; None: its share of the budget,
+    ceil(total_steps / num_actors)."""
+    max_steps_ahead: int | None = None
+    """Decoupled: env steps an actor may publish since the policy version last advanced before it
+    waits for the learner, while the end-to-end backlog is above ``max_backlog``
+    (``actor.flow.LearnerGate``); None: 4 x the larger of one learner batch and one fragment of
+    the actor (``steps_ahead_bound``)."""
     torch_threads: int | None = None
     """Intra-op threads of torch in this process; None: 1 in the decoupled role processes (they
     share the machine: small-MLP updates on contended cores run several times slower with more),
@@ -182,6 +203,16 @@ class TrainConfig:
             return self.max_batches_per_version
         per_fragment = max(1, self.num_actors * self.num_envs * self.effective_fragment_steps())
         return max(1, -(-self.train_batch_size // per_fragment))
+
+    def actor_budget(self) -> int:
+        """Env steps one decoupled actor collects (see ``actor_steps``)."""
+        return self.actor_steps or max(1, -(-self.total_steps // max(1, self.num_actors)))
+
+    def steps_ahead_bound(self) -> int:
+        """Env steps an actor may run ahead of the learner (see ``max_steps_ahead``)."""
+        if self.max_steps_ahead:
+            return self.max_steps_ahead
+        return 4 * max(self.train_batch_size, self.num_envs * self.effective_fragment_steps())
 
     def effective_run_id(self) -> str:
         return self.run_id or os.environ.get(ENV_RUN_ID) or uuid.uuid4().hex[:12]

@@ -1,12 +1,15 @@
 """Progress of a training run: periodic log lines (SPS, episode return, policy lag), the
-return-vs-steps curve, a final summary and an optional PNG plot."""
+return-vs-steps curve, a final summary and an optional PNG plot. With ``state_path`` every line
+is also written there as JSON (what ``rlstream train --mode decoupled`` reads from its children)."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,10 @@ class Progress:
     curve: list[tuple[int, float]] = field(default_factory=list)
     lags: deque = field(default_factory=lambda: deque(maxlen=200))
     started: float = field(default_factory=time.perf_counter)
+    extra: Callable[[], dict] | None = None
+    """More fields for each line (e.g. a stalled actor's ``stalled_s``)."""
+    state_path: Path | None = None
+    """Write each line's fields here too (atomically), for a supervisor to read."""
     _last_log: float = 0.0
     _last_steps: int = 0
     _last_t: float = field(default_factory=time.perf_counter)
@@ -60,6 +67,10 @@ class Progress:
             "policy_version": self.version,
             "policy_lag_max": max(self.lags) if self.lags else 0,
         }
+        if self.extra is not None:
+            fields.update(self.extra())
+        if self.state_path is not None:
+            write_state(self.state_path, fields)
         if self.log is not None:
             self.log.info("progress", **fields)
         else:
@@ -108,6 +119,21 @@ class Progress:
             plt.close(fig)
             out["plot"] = str(png)
         return out
+
+
+def write_state(path: Path, fields: dict[str, Any]) -> None:
+    """``fields`` as JSON at ``path``, replaced atomically (a reader never sees half a file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps({"t": time.time(), "pid": os.getpid(), **fields}))
+    tmp.replace(path)
+
+
+def read_state(path: Path) -> dict[str, Any] | None:
+    """What ``write_state`` wrote (None: nothing yet)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _mean(xs: list[float]) -> float | None:

@@ -19,17 +19,22 @@ from schemas.codec import Codec, SchemaTopic
 from schemas.events import SampleBatch
 from streams.bus import Bus, make_bus
 from streams.events import EventBus
-from streams.topics import SAMPLES_RAW, SCHEMAS, STREAMS_GROUP, all_topics
+from streams.topics import LEARNER_GROUP, SAMPLES_PREPARED, SAMPLES_RAW, SCHEMAS, STREAMS_GROUP, all_topics
 
 
 def build_bus(cfg: BusConfig) -> Bus:
-    """The bus of ``cfg`` with every topic created."""
+    """The bus of ``cfg`` in its namespace (roles use logical topic names), every topic created."""
     if cfg.kind == "memory":
         bus = make_bus("memory", path=cfg.log_dir)
     elif cfg.kind == "kafka":
         bus = make_bus("kafka", bootstrap=cfg.bootstrap)
     else:
         raise ValueError(f"unknown bus {cfg.kind!r}")
+    ns = cfg.topics()
+    if ns.name:
+        from streams.bus.namespaced import NamespacedBus
+
+        bus = NamespacedBus(bus, ns)
     bus.create_topics(all_topics(cfg.partitions, cfg.retention))
     return bus
 
@@ -76,7 +81,24 @@ def build_flow(cfg: TrainConfig, bus: Bus, metrics: Metrics | None, log=None):
     """The flow control of a decoupled actor (``actor.flow``): on-policy algorithms wait for a
     newer version after their share of a learner batch; off-policy ones free-run under
     backpressure from the stream processors' backlog, with a dynamic fragment length unless
-    ``fragment_steps`` is fixed."""
+    ``fragment_steps`` is fixed. Both wait for the learner once they are
+    ``cfg.steps_ahead_bound()`` env steps ahead of it while more than ``cfg.max_backlog`` records
+    wait for the processors and the learner, and stop at ``cfg.actor_budget()`` (``LearnerGate``)."""
+    from actor.flow import LearnerGate
+
+    def on_stall(version: int, ahead: int) -> None:
+        if log is not None:
+            log.warning("learner_stalled", version=version, steps_ahead=ahead,
+                        note="the policy version has not advanced; waiting for the learner")
+
+    def backlog() -> float:  # records the processors and the learner have not consumed
+        return float(bus.group_lag(STREAMS_GROUP, SAMPLES_RAW) + bus.group_lag(LEARNER_GROUP, SAMPLES_PREPARED))
+
+    return LearnerGate(_inner_flow(cfg, bus, metrics, log), cfg.steps_ahead_bound(), cfg.num_envs,
+                       budget=cfg.actor_budget(), backlog=backlog, max_backlog=cfg.max_backlog, on_stall=on_stall)
+
+
+def _inner_flow(cfg: TrainConfig, bus: Bus, metrics: Metrics | None, log=None):
     from actor.flow import Backpressure, OnPolicySync
 
     if is_on_policy(cfg.algo):

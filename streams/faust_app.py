@@ -32,7 +32,8 @@ Settings come from the environment once, here (``StreamsSettings.from_env``): ``
 (comma separated host:port), the Kafka security settings the bus reads
 (``streams.bus.kafka.kafka_client_config``), mapped to Faust credentials and aiokafka
 arguments, and the pipeline settings (``prepare_config_from_env``: ``RLSTREAM_ALGO``,
-``RLSTREAM_STALENESS_*``, ``RLSTREAM_POLICY_ID``).
+``RLSTREAM_STALENESS_*``, ``RLSTREAM_POLICY_ID``) and the run namespace (``RLSTREAM_NAMESPACE``:
+its topics, and its ``STREAMS_GROUP`` as the app id; unset: the legacy unscoped names).
 
 Several workers share ``rl.samples.raw`` by partition (the consumer group) and each follows
 every PolicyVersion. Limit: per-actor reorder state lives in the worker that owns the actor's
@@ -61,11 +62,13 @@ from streams.processors.importance import PolicyLogpFn
 from streams.processors.pipeline import REASON_PROCESSOR_ERROR, Output, Prepare, PrepareConfig
 from streams.topics import (
     DEADLETTER,
+    LEGACY,
     POLICY_VERSIONS,
     SAMPLES_PREPARED,
     SAMPLES_RAW,
     STREAMS_GROUP,
     TOPICS,
+    Namespace,
     dead_letters_here,
 )
 
@@ -74,6 +77,7 @@ log = logging.getLogger(__name__)
 STAGE = "streams.faust"
 APP_ID = STREAMS_GROUP
 ENV_KAFKA_BROKERS = "KAFKA_BROKERS"
+ENV_NAMESPACE = "RLSTREAM_NAMESPACE"
 DEFAULT_BROKERS = "127.0.0.1:9092"
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
@@ -90,7 +94,9 @@ class StreamsSettings:
     brokers: str = DEFAULT_BROKERS
     """Kafka bootstrap servers, comma separated host:port."""
     app_id: str = APP_ID
-    """Faust app id (= consumer group)."""
+    """Faust app id (= consumer group): the namespace's ``STREAMS_GROUP``."""
+    namespace: Namespace = LEGACY
+    """Run namespace of the topics read and written (``RLSTREAM_NAMESPACE``)."""
     topic_partitions: int = 1
     """Partitions of topics Faust creates when they do not exist."""
     web_port: int = 9102
@@ -123,8 +129,9 @@ class StreamsSettings:
             port = metrics_port("streams", env)
         except ImportError:
             port = 9102
-        return cls(brokers=brokers, web_port=port, client_config=_bus_client_config(),
-                   prepare=prepare_config_from_env(env))
+        ns = Namespace(env.get(ENV_NAMESPACE, "").strip())
+        return cls(brokers=brokers, app_id=ns.group(APP_ID), namespace=ns, web_port=port,
+                   client_config=_bus_client_config(), prepare=prepare_config_from_env(env))
 
 
 def prepare_config_from_env(env: Mapping[str, str]) -> PrepareConfig:
@@ -265,7 +272,7 @@ class StreamsApp:
     def _topic(self, name: str) -> Any:
         spec = TOPICS[name]
         return self.app.topic(
-            name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
+            self.settings.namespace.topic(name), key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
             partitions=spec.partitions if name == DEADLETTER else None,
             config={k: v for k, v in spec.config.items()}, internal=True,
         )
@@ -300,7 +307,8 @@ class StreamsApp:
 
         @app.on_partitions_revoked.connect
         async def on_revoked(sender, revoked, **kwargs):
-            self.on_revoked({tp.partition for tp in revoked if tp.topic == SAMPLES_RAW})
+            raw = self.settings.namespace.topic(SAMPLES_RAW)
+            self.on_revoked({tp.partition for tp in revoked if tp.topic == raw})
 
         @app.on_before_shutdown.connect
         async def write_summary(sender, **kwargs):
@@ -356,17 +364,18 @@ class StreamsApp:
         if backlog is None:
             backlog = self.prepare.staleness.max_versions + 1
         backlog = max(1, min(int(backlog), 1 << 20))
+        topic = self.settings.namespace.topic(POLICY_VERSIONS)
         await consumer.start()
         try:
-            while POLICY_VERSIONS not in await consumer.topics():
-                log.warning("%s does not exist yet; waiting for it", POLICY_VERSIONS)
+            while topic not in await consumer.topics():
+                log.warning("%s does not exist yet; waiting for it", topic)
                 await asyncio.sleep(1.0)
-            tps = [TopicPartition(POLICY_VERSIONS, p) for p in range(TOPICS[POLICY_VERSIONS].partitions)]
+            tps = [TopicPartition(topic, p) for p in range(TOPICS[POLICY_VERSIONS].partitions)]
             consumer.assign(tps)
             await consumer.end_offsets(tps)  # the topic's metadata is known from here on
-            parts = consumer.partitions_for_topic(POLICY_VERSIONS) or set()
+            parts = consumer.partitions_for_topic(topic) or set()
             if {tp.partition for tp in tps} != set(parts) and parts:
-                tps = [TopicPartition(POLICY_VERSIONS, p) for p in sorted(parts)]
+                tps = [TopicPartition(topic, p) for p in sorted(parts)]
                 consumer.assign(tps)
             ends = await consumer.end_offsets(tps)
             starts = await consumer.beginning_offsets(tps)

@@ -45,6 +45,8 @@ def dead_letters_here(topic: str, stage: str) -> bool:
 #: there (``Bus.group_lag(STREAMS_GROUP, SAMPLES_RAW)``) is what actors' backpressure, the dynamic
 #: fragment length and the learner's circuit breaker watch.
 STREAMS_GROUP = "rlstream-streams"
+#: Consumer group of the learner on rl.samples.prepared.
+LEARNER_GROUP = "learner"
 
 DAY_MS = 24 * 3600 * 1000
 #: Retention by topic when this process creates it (``retention.ms``; -1 keeps forever).
@@ -132,3 +134,50 @@ def all_topics(partitions: int | None = None, retention: dict[str, Retention] | 
             t = replace(t, config={**t.config, **retention[t.name].config()})
         specs.append(t)
     return specs
+
+
+# --- run namespaces ---------------------------------------------------------------------------
+
+_NAMESPACE_RE = re.compile(r"[A-Za-z0-9_-]{1,100}")
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """A run namespace: scopes every topic and consumer group of one run, so runs can share a
+    cluster. ``Namespace("exp1").topic(SAMPLES_RAW) == "exp1.rl.samples.raw"``, groups likewise
+    (``exp1.learner``). The empty namespace is the legacy, unscoped layout (``rl.samples.raw``,
+    group ``learner``): topics written before namespaces existed stay readable with it.
+    Roles name topics by their logical names; ``streams.bus.namespaced`` maps them."""
+
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.name and not _NAMESPACE_RE.fullmatch(self.name):
+            raise ValueError(f"namespace {self.name!r}: use 1-100 of A-Z a-z 0-9 _ - (no dots)")
+
+    def topic(self, logical: str) -> str:
+        return f"{self.name}.{logical}" if self.name else logical
+
+    group = topic  # groups are scoped the same way
+
+    def logical(self, scoped: str) -> str:
+        """The logical name of a scoped topic (or group) name."""
+        prefix = f"{self.name}."
+        return scoped[len(prefix):] if self.name and scoped.startswith(prefix) else scoped
+
+    def topics(self, partitions: int | None = None,
+               retention: dict[str, Retention] | None = None) -> list[TopicSpec]:
+        """``all_topics(partitions, retention)`` under their scoped names."""
+        return [replace(t, name=self.topic(t.name)) for t in all_topics(partitions, retention)]
+
+    def groups(self) -> list[str]:
+        """The scoped consumer groups of the roles."""
+        return [self.group(g) for g in (STREAMS_GROUP, LEARNER_GROUP)]
+
+    @classmethod
+    def derive(cls, value: str) -> "Namespace":
+        """A valid namespace from free text (a run id): other characters become ``-``."""
+        return cls(re.sub(r"[^A-Za-z0-9_-]", "-", value)[:100])
+
+
+LEGACY = Namespace("")

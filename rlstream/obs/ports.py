@@ -57,6 +57,10 @@ ENV_ALGO = "RLSTREAM_ALGO"
 #: Policy the Faust worker follows (``PrepareConfig.policy_id``; default ``policy``): versions
 #: of any other policy on rl.policy.versions are ignored.
 ENV_POLICY_ID = "RLSTREAM_POLICY_ID"
+#: Run namespace (``streams.topics.Namespace``) of every role and tool started without
+#: ``--namespace``, the Faust worker included, so separately started processes agree; unset:
+#: the legacy unscoped topic and group names.
+ENV_NAMESPACE = "RLSTREAM_NAMESPACE"
 
 #: Every environment variable an rlstream process reads. Manifests may set no
 #: other variable on an rlstream container.
@@ -73,6 +77,7 @@ ENV_VARS: tuple[str, ...] = (
     ENV_STALENESS_MODE,
     ENV_ALGO,
     ENV_POLICY_ID,
+    ENV_NAMESPACE,
 )
 
 #: Sub-commands of the ``rlstream`` CLI (rlstream/cli.py is wired to this list).

@@ -9,7 +9,7 @@ import torch
 
 from actor.actor import Actor, ActorConfig
 from actor.envs import make_vector_env
-from actor.flow import Backpressure, OnPolicySync
+from actor.flow import Backpressure, LearnerGate, OnPolicySync
 from actor.policy_client import PolicySubscriber
 from agents.networks import Policy
 from learner.batch_size import BatchSizeController
@@ -89,14 +89,17 @@ def test_backpressure_pauses_above_bound_and_resumes_at_half():
 def test_build_flow_follows_the_algorithm():
     bus = MemoryBus()
     bus.create_topics(all_topics())
-    ppo = wiring.build_flow(TrainConfig(algo="ppo", num_actors=2, train_batch_size=2048, fragment_steps=256),
-                            bus, None)
+    gate = wiring.build_flow(TrainConfig(algo="ppo", num_actors=2, train_batch_size=2048, fragment_steps=256),
+                             bus, None)
+    assert isinstance(gate, LearnerGate) and gate.max_steps_ahead == 4 * 2048
+    ppo = gate.inner
     assert isinstance(ppo, OnPolicySync) and ppo.max_batches_per_version == 4  # 2048 / (2 actors x 256)
-    assert wiring.build_flow(TrainConfig(algo="ppo", max_batches_per_version=3), bus, None).max_batches_per_version == 3
-    agro = wiring.build_flow(TrainConfig(algo="agro", max_backlog=16), bus, None)
+    assert wiring.build_flow(TrainConfig(algo="ppo", max_batches_per_version=3), bus,
+                             None).inner.max_batches_per_version == 3
+    agro = wiring.build_flow(TrainConfig(algo="agro", max_backlog=16), bus, None).inner
     assert isinstance(agro, Backpressure) and agro.max_backlog == 16
     assert isinstance(agro.sizes, BatchSizeController) and agro.fragment_steps(2048) == 32
-    fixed = wiring.build_flow(TrainConfig(algo="tba", fragment_steps=100), bus, None)
+    fixed = wiring.build_flow(TrainConfig(algo="tba", fragment_steps=100), bus, None).inner
     assert fixed.sizes is None and fixed.fragment_steps(100) == 100
 
 
