@@ -12,7 +12,8 @@ gradient of the loss is ``sum_samples (-(A(a) - b) + beta * (log pi(a) - log pi_
 grad log pi(a)``. At ``pi* = pi_ref * exp(A / beta) / Z`` every sample's *regularised reward*
 ``A(a) - beta * (log pi*(a) - log pi_ref(a))`` equals ``beta * log Z``, so with the baseline
 
-    b = mean over the minibatch of (A - beta * (log pi - log pi_ref))     (pi at that moment, no grad)
+    b = mean over the minibatch of (A - beta * (log pi - log pi_ref))     (pi at that moment, no grad;
+                                                                            weighted by the sample weights)
 
 each coefficient is 0 and ``pi*`` is a fixed point for *any* sampler mu (any staleness, any mu
 with the same support): mu only weights where the condition is enforced. Any other baseline
@@ -92,6 +93,10 @@ class AGROConfig(VTraceConfig):
     """Bootstrap truncated episodes from V(final obs) (baseline="value")."""
     use_sample_weight: bool = True
     """Multiply per-sample losses by ``batch.sample_weight`` when present."""
+    decay_lr: bool = True
+    """Scale the step's learning rate by the batch's mean sample weight and use the weights only
+    relative to that mean inside the loss: Adam divides a uniform loss scale away, so a down-weighted
+    (stale) batch would otherwise move the policy as far as a fresh one."""
 
 
 def agro_loss(
@@ -134,8 +139,13 @@ class AGRO(BaseAlgorithm):
             return batch.sample_weight
         return None
 
-    def _step_learning_rate(self, weights: Optional[Tensor], mask: Optional[Tensor]) -> float:
-        return self.config.learning_rate
+    def _step_weights(self, weights: Optional[Tensor], mask: Optional[Tensor]) -> tuple[Optional[Tensor], float]:
+        """``(loss weights, learning rate)`` of this update from the per-sample weights (``decay_lr``)."""
+        lr = self.config.learning_rate
+        if weights is None or not self.config.decay_lr:
+            return weights, lr
+        mean = float(masked_mean(weights, mask))
+        return (weights / mean if mean > 0 else torch.zeros_like(weights)), lr * mean
 
     # ---- advantages ----------------------------------------------------------------------
     @torch.no_grad()
@@ -185,8 +195,9 @@ class AGRO(BaseAlgorithm):
         metrics["adv_std_raw"] = float(std)
         if cfg.norm_adv:
             adv = adv / (std + 1e-8)
-        weights = self._sample_weights(batch)
-        self.set_learning_rate(self._step_learning_rate(weights, mask))
+        raw_weights = self._sample_weights(batch)
+        weights, lr = self._step_weights(raw_weights, mask)
+        self.set_learning_rate(lr)
 
         valid = mask.reshape(-1) if mask is not None else None
 
@@ -208,8 +219,9 @@ class AGRO(BaseAlgorithm):
                 with torch.no_grad():
                     ref_logp = self.ref_policy.log_prob(b_obs[mb], b_act[mb])
                     # the baseline under which pi_ref * exp(A / beta) is the fixed point for any sampler
-                    baseline = (b_adv[mb] - cfg.beta * (logp - ref_logp)).mean()
-                w = b_w[mb] if b_w is not None else None
+                    w = b_w[mb] if b_w is not None else None
+                    reg = b_adv[mb] - cfg.beta * (logp - ref_logp)
+                    baseline = reg.mean() if w is None else (reg * w).sum() / w.sum().clamp_min(1e-8)
                 terms = agro_loss(logp, ref_logp, b_adv[mb] - baseline, cfg.beta, weight=w)
                 loss = terms["loss_policy"] + terms["loss_reg"]
                 ent = entropy.mean()
@@ -238,7 +250,7 @@ class AGRO(BaseAlgorithm):
         out.update(metrics)
         out.update(
             {
-                "weight_mean": float(masked_mean(weights, mask)) if weights is not None else 1.0,
+                "weight_mean": float(masked_mean(raw_weights, mask)) if raw_weights is not None else 1.0,
                 "learning_rate": self.learning_rate,
                 "num_samples": float(n),
                 "step": float(self.step),
