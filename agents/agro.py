@@ -54,7 +54,7 @@ from agents.grpo import group_stats, rollout_returns
 from agents.normalization import RewardScaler
 from agents.ppo.learning import bootstrap_values
 from agents.ppo.losses import compute_gae
-from agents.vtrace import VTraceConfig, importance_weights, vtrace
+from agents.vtrace import VTraceConfig, behaviour_weights, vtrace
 
 __all__ = ["AGROConfig", "AGRO", "agro_loss"]
 
@@ -169,7 +169,7 @@ class AGRO(BaseAlgorithm):
                 self.policy, batch, cfg.bootstrap_on_truncation, use_batch_values=False
             )
             log_ratio = self.policy.log_prob(batch.obs, batch.actions) - batch.behaviour_logp
-            rho, c, _, _ = importance_weights(log_ratio, cfg.rho_bar, cfg.c_bar, cfg.behaviour_cap)
+            rho, c, _ = behaviour_weights(cfg, log_ratio)
             vs, adv = vtrace(
                 rewards, values, batch.terminated, batch.truncated, last_value, final_values, rho, c, cfg.gamma, cfg.gae_lambda
             )

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from agents.base import PolicyConfig
 
-__all__ = ["VTraceConfig", "importance_weights", "vtrace", "RHO_BAR", "C_BAR", "BEHAVIOUR_CAP", "MAX_LOG_RATIO"]
+__all__ = ["VTraceConfig", "behaviour_weights", "importance_weights", "vtrace", "RHO_BAR", "C_BAR", "BEHAVIOUR_CAP", "MAX_LOG_RATIO"]
 
 RHO_BAR = 1.0
 C_BAR = 1.0
@@ -42,6 +42,18 @@ class VTraceConfig(PolicyConfig):
     """V-trace c-bar: truncation of the trace-cutting weights."""
     behaviour_cap: Optional[float] = BEHAVIOUR_CAP
     """Drop (weight 0) transitions whose ratio pi / mu exceeds this; None: never drop."""
+    vtrace: bool = True
+    """Correct for the behaviour policy (False: rho = c = 1 everywhere, an ablation)."""
+
+
+@torch.no_grad()
+def behaviour_weights(config: VTraceConfig, log_ratio: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(rho, c, dropped_by_cap)`` of ``config`` for ``log_ratio = log pi - log mu`` (ones without ``vtrace``)."""
+    if not config.vtrace:
+        ones = torch.ones_like(log_ratio)
+        return ones, ones, torch.zeros_like(log_ratio, dtype=torch.bool)
+    rho, c, capped, _ = importance_weights(log_ratio, config.rho_bar, config.c_bar, config.behaviour_cap)
+    return rho, c, capped
 
 
 @torch.no_grad()

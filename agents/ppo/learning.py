@@ -12,7 +12,7 @@ from agents.core import TrajectoryBatch
 from agents.normalization import RewardScaler
 from agents.ppo.config import PPOConfig
 from agents.ppo.losses import compute_gae, policy_loss, value_loss
-from agents.vtrace import importance_weights, vtrace
+from agents.vtrace import behaviour_weights, vtrace
 
 __all__ = ["PPO", "bootstrap_values"]
 
@@ -97,7 +97,7 @@ class PPO(BaseAlgorithm):
             # update (pi_prox); the behaviour mismatch pi_prox / mu is corrected by V-trace.
             with torch.no_grad():
                 prox_logp = self.policy.log_prob(batch.obs, batch.actions)
-            rho, c, capped, _ = importance_weights(prox_logp - batch.behaviour_logp, cfg.rho_bar, cfg.c_bar, cfg.behaviour_cap)
+            rho, c, capped = behaviour_weights(cfg, prox_logp - batch.behaviour_logp)
             returns, advantages = vtrace(
                 rewards, values, batch.terminated, batch.truncated, last_value, final_values, rho, c, cfg.gamma, cfg.gae_lambda
             )

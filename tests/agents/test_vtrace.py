@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agents.ppo.losses import compute_gae
-from agents.vtrace import VTraceConfig, importance_weights, vtrace
+from agents.vtrace import VTraceConfig, behaviour_weights, importance_weights, vtrace
 from streams.processors.importance import ImportanceWeights
 from streams.processors.pipeline import PrepareConfig
 
@@ -72,3 +72,11 @@ def test_stream_processor_and_learner_share_the_rule_and_its_defaults():
     torch.testing.assert_close(torch.from_numpy(res.rho), rho.float())
     torch.testing.assert_close(torch.from_numpy(res.c), c.float())
     assert res.capped == int(capped.sum()) > 0
+
+
+def test_behaviour_weights_follow_the_config_and_turn_off_for_the_ablation():
+    lr = torch.tensor([math.log(0.5), math.log(10.0)])
+    rho, c, capped = behaviour_weights(VTraceConfig(), lr)
+    assert rho.tolist() == pytest.approx([0.5, 0.0]) and capped.tolist() == [False, True]
+    rho, c, capped = behaviour_weights(VTraceConfig(vtrace=False), lr)
+    assert rho.tolist() == [1.0, 1.0] and c.tolist() == [1.0, 1.0] and not capped.any()
