@@ -110,7 +110,15 @@ def run_one(algo_name: str, env_id: str, K: int, correction: bool, steps: int, s
             "wall_s": round(time.perf_counter() - t0, 1), "curve": curve}
 
 
+def _smooth(xs: list[float], window: int = 20) -> np.ndarray:
+    """Running mean over the last ``window`` episodes."""
+    c = np.cumsum(np.insert(np.asarray(xs, dtype=float), 0, 0.0))
+    n = np.minimum(np.arange(1, len(xs) + 1), window)
+    return (c[1:] - c[np.arange(1, len(xs) + 1) - n]) / n
+
+
 def plot(runs: list[dict], path: Path) -> None:
+    """Mean over seeds of each run's running last-20 return against env steps, one panel per algorithm."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -122,7 +130,7 @@ def plot(runs: list[dict], path: Path) -> None:
         for (K, corr) in sorted({(r["K"], r["correction"]) for r in runs if r["algo"] == a}):
             rs = [r for r in runs if r["algo"] == a and r["K"] == K and r["correction"] == corr]
             xs = np.linspace(0, max(r["steps"] for r in rs), 50)
-            ys = [np.interp(xs, [s for s, _ in r["curve"]], [v for _, v in r["curve"]]) for r in rs if r["curve"]]
+            ys = [np.interp(xs, [s for s, _ in r["curve"]], _smooth([v for _, v in r["curve"]])) for r in rs if r["curve"]]
             if ys:
                 ax.plot(xs, np.mean(ys, 0), ls="-" if corr else "--", label=f"K={K} {'corr' if corr else 'no corr'}")
         ax.set_title(a)
