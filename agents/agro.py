@@ -2,37 +2,42 @@
 
 Per valid sample (s_t, a_t) from *any* behaviour policy mu::
 
-    loss_t = -(R_t - b_t) * log pi(a_t | s_t)  +  beta / 2 * (log pi(a_t | s_t) - log pi_ref(a_t | s_t))^2
+    loss_t = -(A_t - b) * log pi(a_t | s_t)  +  beta / 2 * (log pi(a_t | s_t) - log pi_ref(a_t | s_t))^2
 
-averaged over the valid samples of the batch (times ``sample_weight``), plus
-``vf_coef * 0.5 * (V(s_t) - R_t)^2`` when the baseline is the learned value.
+averaged over the valid samples of the minibatch (times ``sample_weight``), plus
+``vf_coef * 0.5 * (V(s_t) - vs_t)^2`` when the baseline is the learned value.
 
-Why no importance ratio: think of one start state and treat ``log pi(a)`` as
-free. The stationarity condition of the loss, sample by sample, is
-``(R(a) - b) = beta * (log pi(a) - log pi_ref(a))``, i.e.
-``pi(a) = pi_ref(a) * exp((R(a) - b) / beta)``; with ``b`` the value that
-normalises it this is the KL-regularised optimum ``pi_ref * exp(R / beta) / Z``.
-The sampling distribution mu only weights *where* the condition is enforced,
-not *what* the solution is, so stale data (any staleness, any mu with the same
-support) points at the same optimum and no ratio ``pi / mu`` is needed. With a
-parametric policy the condition can't hold everywhere and mu does tilt the
-fit, but there is no variance blow-up from ratios.
+Why no importance ratio: think of one start state and treat ``log pi(a)`` as free. The
+gradient of the loss is ``sum_samples (-(A(a) - b) + beta * (log pi(a) - log pi_ref(a))) *
+grad log pi(a)``. At ``pi* = pi_ref * exp(A / beta) / Z`` every sample's *regularised reward*
+``A(a) - beta * (log pi*(a) - log pi_ref(a))`` equals ``beta * log Z``, so with the baseline
+
+    b = mean over the minibatch of (A - beta * (log pi - log pi_ref))     (pi at that moment, no grad;
+                                                                            weighted by the sample weights)
+
+each coefficient is 0 and ``pi*`` is a fixed point for *any* sampler mu (any staleness, any mu
+with the same support): mu only weights where the condition is enforced. Any other baseline
+(the mean of ``A``, a value of ``A``, re-centring) leaves a residual ``(b - beta log Z) *
+sum grad log pi(a)`` whose expectation under mu != pi is not zero: a biased optimum.
 
 Choices here:
 
-* ``R_t``: the discounted reward-to-go of the sample's episode, bootstrapped
-  with V where an episode is cut; ``b_t`` per ``baseline``:
-  ``"value"`` (default) -- GAE(gamma, gae_lambda) advantages with the learned
-  value; ``gae_lambda = 1`` is exactly ``R_t - V(s_t)``;
-  ``"mean"`` -- the batch mean of the (unbootstrapped) reward-to-go;
-  ``"group"`` -- LLM-style: each column is one rollout, ``R`` its return, ``b``
-  the mean return of its group (``group_id``), broadcast over its steps.
-* ``norm_adv`` rescales ``R - b`` to unit std over the batch so ``beta`` is
-  in units of standard deviations of the advantage.
-* ``pi_ref`` is a frozen copy of the policy, refreshed every
-  ``ref_update_interval`` updates (1 = the policy as it was at the start of this
-  update, which turns the regulariser into a proximal term and each update into
-  one mirror-descent step ``pi <- pi_ref * exp(A / beta)``).
+* ``A_t`` per ``baseline`` -- the state-dependent part of the baseline comes first:
+  ``"value"`` (default) -- V-trace (``agents/vtrace.py``) advantages ``r_t + gamma * vs_{t+1} -
+  V(s_t)`` with the current critic, which is trained on the V-trace targets ``vs``: the
+  correction of the *later* actions of a stale trajectory (``rho``/``c`` of ``pi`` against the
+  behaviour log-probs, one cap rule with the stream processor); ``gae_lambda`` is V-trace's lambda;
+  ``"mean"`` -- the discounted reward-to-go of the behaviour trajectory (no critic, no correction);
+  ``"group"`` -- LLM-style: each column is one rollout, ``R`` its return minus the mean return
+  of its group (``group_id``), broadcast over its steps;
+  then the scalar ``b`` above (exact for one state; with many states it is the part of
+  ``beta * log Z(s)`` that the state baseline does not already remove).
+* ``norm_adv`` divides ``A`` by its std over the batch (no re-centring: ``b`` is the centre),
+  so ``beta`` is in units of standard deviations of the advantage.
+* ``pi_ref`` is a frozen copy of the policy, refreshed every ``ref_update_interval`` updates
+  (1 = the policy as it was at the start of this update, which turns the regulariser into a
+  proximal term and each update into one mirror-descent step ``pi <- pi_ref * exp(A / beta)``;
+  0 = never: the fixed point is the KL-regularised optimum to the initial policy).
 """
 
 from __future__ import annotations
@@ -43,12 +48,13 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import Tensor
 
-from agents.base import BaseAlgorithm, accumulate, PolicyConfig, explained_variance, masked_mean, minibatch_indices, rollout_mask
+from agents.base import BaseAlgorithm, accumulate, explained_variance, masked_mean, minibatch_indices, rollout_mask
 from agents.core import TrajectoryBatch
 from agents.grpo import group_stats, rollout_returns
 from agents.normalization import RewardScaler
 from agents.ppo.learning import bootstrap_values
 from agents.ppo.losses import compute_gae
+from agents.vtrace import VTraceConfig, behaviour_weights, vtrace
 
 __all__ = ["AGROConfig", "AGRO", "agro_loss"]
 
@@ -56,8 +62,8 @@ _BASELINES = ("value", "mean", "group")
 
 
 @dataclass(frozen=True)
-class AGROConfig(PolicyConfig):
-    """AGRO objective settings. Network/optimiser fields from ``PolicyConfig``."""
+class AGROConfig(VTraceConfig):
+    """AGRO objective settings. Network/optimiser fields from ``PolicyConfig``, V-trace's from ``VTraceConfig``."""
 
     beta: float = 1.0
     """Coefficient of the squared log-ratio regulariser to the reference policy."""
@@ -66,9 +72,9 @@ class AGROConfig(PolicyConfig):
     gamma: float = 0.99
     """Discount of the reward-to-go."""
     gae_lambda: float = 1.0
-    """GAE lambda for the value baseline (1.0: plain R - V)."""
+    """V-trace lambda for the value baseline (1.0: IMPALA's V-trace)."""
     norm_adv: bool = True
-    """Centre and scale R - b to unit std over the batch's valid samples."""
+    """Scale A to unit std over the batch's valid samples (beta in units of that std); no re-centring."""
     update_epochs: int = 4
     """Passes over each batch."""
     num_minibatches: int = 8
@@ -87,6 +93,10 @@ class AGROConfig(PolicyConfig):
     """Bootstrap truncated episodes from V(final obs) (baseline="value")."""
     use_sample_weight: bool = True
     """Multiply per-sample losses by ``batch.sample_weight`` when present."""
+    decay_lr: bool = True
+    """Scale the step's learning rate by the batch's mean sample weight and use the weights only
+    relative to that mean inside the loss: Adam divides a uniform loss scale away, so a down-weighted
+    (stale) batch would otherwise move the policy as far as a fresh one."""
 
 
 def agro_loss(
@@ -129,13 +139,18 @@ class AGRO(BaseAlgorithm):
             return batch.sample_weight
         return None
 
-    def _step_learning_rate(self, weights: Optional[Tensor], mask: Optional[Tensor]) -> float:
-        return self.config.learning_rate
+    def _step_weights(self, weights: Optional[Tensor], mask: Optional[Tensor]) -> tuple[Optional[Tensor], float]:
+        """``(loss weights, learning rate)`` of this update from the per-sample weights (``decay_lr``)."""
+        lr = self.config.learning_rate
+        if weights is None or not self.config.decay_lr:
+            return weights, lr
+        mean = float(masked_mean(weights, mask))
+        return (weights / mean if mean > 0 else torch.zeros_like(weights)), lr * mean
 
     # ---- advantages ----------------------------------------------------------------------
     @torch.no_grad()
     def _advantages(self, batch: TrajectoryBatch, mask: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor], Optional[Tensor], dict[str, float]]:
-        """``(advantages [T, N], value_targets or None, old_values or None, metrics)``."""
+        """``(A [T, N] with the state baseline removed, value_targets or None, old_values or None, metrics)``."""
         cfg = self.config
         metrics: dict[str, float] = {}
         if cfg.baseline == "group":
@@ -153,16 +168,19 @@ class AGRO(BaseAlgorithm):
             values, last_value, final_values = bootstrap_values(
                 self.policy, batch, cfg.bootstrap_on_truncation, use_batch_values=False
             )
-            adv, ret = compute_gae(
-                rewards, values, batch.terminated, batch.truncated, last_value, final_values, cfg.gamma, cfg.gae_lambda
+            log_ratio = self.policy.log_prob(batch.obs, batch.actions) - batch.behaviour_logp
+            rho, c, _ = behaviour_weights(cfg, log_ratio)
+            vs, adv = vtrace(
+                rewards, values, batch.terminated, batch.truncated, last_value, final_values, rho, c, cfg.gamma, cfg.gae_lambda
             )
-            metrics["explained_variance"] = explained_variance(values.reshape(-1), ret.reshape(-1))
-            metrics["return_mean"] = float(ret.mean())
-            return adv, ret, values, metrics
+            metrics["explained_variance"] = explained_variance(values.reshape(-1), vs.reshape(-1))
+            metrics["return_mean"] = float(vs.mean())
+            metrics["rho_mean"] = float(masked_mean(rho, mask))
+            return adv, vs, values, metrics
         zeros = torch.zeros_like(rewards)
         rtg, _ = compute_gae(rewards, zeros, batch.terminated, batch.truncated, zeros[0], None, cfg.gamma, 1.0)
         metrics["return_mean"] = float(masked_mean(rtg, mask))
-        return rtg - masked_mean(rtg, mask), None, None, metrics
+        return rtg, None, None, metrics
 
     def update(self, batch: TrajectoryBatch) -> dict[str, float]:
         cfg = self.config
@@ -173,13 +191,13 @@ class AGRO(BaseAlgorithm):
         if cfg.baseline == "group":
             mask = rollout_mask(batch.terminated, batch.truncated, mask)
         adv, ret, old_values, metrics = self._advantages(batch, mask)
-        metrics["adv_std_raw"] = float(torch.sqrt(masked_mean((adv - masked_mean(adv, mask)).pow(2), mask)))
+        std = torch.sqrt(masked_mean((adv - masked_mean(adv, mask)).pow(2), mask))
+        metrics["adv_std_raw"] = float(std)
         if cfg.norm_adv:
-            centred = adv - masked_mean(adv, mask)
-            std = torch.sqrt(masked_mean(centred.pow(2), mask))
-            adv = centred / (std + 1e-8)
-        weights = self._sample_weights(batch)
-        self.set_learning_rate(self._step_learning_rate(weights, mask))
+            adv = adv / (std + 1e-8)
+        raw_weights = self._sample_weights(batch)
+        weights, lr = self._step_weights(raw_weights, mask)
+        self.set_learning_rate(lr)
 
         valid = mask.reshape(-1) if mask is not None else None
 
@@ -200,13 +218,17 @@ class AGRO(BaseAlgorithm):
                 logp, entropy, value = self.policy.evaluate(b_obs[mb], b_act[mb])
                 with torch.no_grad():
                     ref_logp = self.ref_policy.log_prob(b_obs[mb], b_act[mb])
-                w = b_w[mb] if b_w is not None else None
-                terms = agro_loss(logp, ref_logp, b_adv[mb], cfg.beta, weight=w)
+                    # the baseline under which pi_ref * exp(A / beta) is the fixed point for any sampler
+                    w = b_w[mb] if b_w is not None else None
+                    reg = b_adv[mb] - cfg.beta * (logp - ref_logp)
+                    baseline = reg.mean() if w is None else (reg * w).sum() / w.sum().clamp_min(1e-8)
+                terms = agro_loss(logp, ref_logp, b_adv[mb] - baseline, cfg.beta, weight=w)
                 loss = terms["loss_policy"] + terms["loss_reg"]
                 ent = entropy.mean()
                 if cfg.ent_coef:
                     loss = loss - cfg.ent_coef * ent
                 stats: dict[str, Any] = dict(terms)
+                stats["baseline"] = baseline
                 if b_ret is not None:
                     loss_value = 0.5 * masked_mean((value - b_ret[mb]).pow(2), None, w)
                     loss = loss + cfg.vf_coef * loss_value
@@ -228,7 +250,7 @@ class AGRO(BaseAlgorithm):
         out.update(metrics)
         out.update(
             {
-                "weight_mean": float(masked_mean(weights, mask)) if weights is not None else 1.0,
+                "weight_mean": float(masked_mean(raw_weights, mask)) if raw_weights is not None else 1.0,
                 "learning_rate": self.learning_rate,
                 "num_samples": float(n),
                 "step": float(self.step),

@@ -9,7 +9,7 @@ and including its first episode end (within ``batch.mask``, which excludes paddi
 
 broadcast to every valid step of rollout ``i``; no critic is used (the policy's
 value head is left untouched). The per-step loss is the PPO clipped surrogate
-against the behaviour log-probs, plus optionally ``kl_coef * KL_k3(pi || pi_ref)``
+against the behaviour log-probs, plus ``kl_coef * KL_k3(pi || pi_ref)`` (default 0.04, the paper's)
 with the k3 estimator ``exp(ref - logp) - (ref - logp) - 1`` (unbiased, >= 0)
 against a frozen reference copy of the initial policy. Per-step losses are
 averaged per rollout, then over rollouts ("sequence" aggregation, as in the
@@ -54,8 +54,9 @@ class GRPOConfig(PolicyConfig):
     """Divide by the group std (False: only subtract the group mean, as Dr. GRPO)."""
     std_unbiased: bool = True
     """Use the unbiased (n - 1) group std; a singleton group gets std 0."""
-    kl_coef: float = 0.0
-    """Coefficient of the k3 KL to the frozen reference policy; 0 skips the reference forward pass."""
+    kl_coef: float = 0.04
+    """Coefficient of the k3 KL to the frozen reference policy (the GRPO paper's 0.04); 0 skips the
+    reference forward pass. DAPO sets 0."""
     ref_update_interval: int = 0
     """Copy the policy into the reference every this many updates; 0 keeps the initial policy."""
     ent_coef: float = 0.0

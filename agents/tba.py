@@ -11,10 +11,15 @@ its staleness (``staleness_weights``):
   (time factor dropped when ``max_ms`` is None);
 * ``"none"``: ``w = 1``;
 
-then ``w = max(w, min_weight)`` and multiplied by ``batch.sample_weight``. The
-weighted loss is divided by the number of samples, not by ``sum(w)``, so a
-batch of stale data really moves the policy less. With ``decay_lr`` the
-step's learning rate is additionally scaled by the batch's mean weight.
+then ``w = max(w, min_weight)`` and multiplied by ``batch.sample_weight``.
+
+Which reading of TBA this is: the *time-decay asynchronous* one -- staleness shrinks the
+learning rate. A weight that scales the whole loss does nothing under Adam (it divides the
+scale away: weight 0.12 and weight 1 move the parameters by nearly the same amount), so with
+``decay_lr`` (default, from ``AGROConfig``) the step's learning rate is the base rate times the
+batch's mean weight, and inside the loss the weights only count *relative* to that mean (stale
+samples of a mixed batch count less than its fresh ones). A batch whose weights are all 0 does not
+move the policy at all.
 
 Objectives (``objective``):
 
@@ -38,7 +43,13 @@ Objectives (``objective``):
   would grow without bound. ``log Z``: ``"vargrad"`` (default) estimates it per
   group as the mean of ``log R~ - sum log pi`` (a scalar would assume a
   single start state), ``"learned"`` is one learned scalar (needs a fixed
-  start-state distribution and reference; use ``ref_update_interval = 0``).
+  start-state distribution and reference: ``ref_update_interval = 0`` is enforced).
+  The reference moves every update by default (``ref_update_interval = 1``, the policy at the
+  start of the update), on purpose: with VarGrad the target is then
+  ``pi_{k+1} proportional to pi_k * exp(tb_reward_scale * R)``, one KL-proximal (mirror-descent)
+  step per update, which keeps improving the return instead of stopping at the KL-regularised
+  optimum around the *initial* policy -- the same reading as AGRO's interval 1. Set
+  ``ref_update_interval = 0`` for the fixed-reference objective of the paper.
   Raw rewards are used (no running scaling: the target must not drift).
   Horizons are long in locomotion (T=1000: sums of 1000 log-densities), so
   expect high variance there; it is best on short rollouts.
@@ -53,7 +64,7 @@ import torch
 from torch import Tensor, nn
 
 from agents.agro import AGRO, AGROConfig
-from agents.base import accumulate, masked_mean, minibatch_indices, rollout_mask
+from agents.base import accumulate, minibatch_indices, rollout_mask
 from agents.core import TrajectoryBatch
 from agents.grpo import group_stats, rollout_returns
 
@@ -82,8 +93,6 @@ class TBAConfig(AGROConfig):
     """Linear schedule: weight reaches 0 at this age in ms; None ignores ms."""
     min_weight: float = 0.0
     """Floor of the staleness weight."""
-    decay_lr: bool = False
-    """Also scale the step's learning rate by the mean staleness weight of the batch."""
     tb_reward_scale: float = 1.0
     """TB: log R~ = tb_reward_scale * R (+ log pi_ref); the inverse KL coefficient."""
     tb_logz: str = "vargrad"
@@ -163,6 +172,8 @@ class TBA(AGRO):
         ):
             if value not in allowed:
                 raise ValueError(f"{field} must be one of {allowed}, got {value!r}")
+        if config.objective == "tb" and config.tb_logz == "learned" and config.ref_update_interval != 0:
+            raise ValueError("tb_logz='learned' needs a fixed reference (ref_update_interval=0): a moving one moves log Z")
         super().__init__(config, obs_dim, act_dim, device)
         self.config: TBAConfig = config
         self.log_z = nn.Parameter(torch.zeros((), device=self.device))
@@ -185,11 +196,6 @@ class TBA(AGRO):
             w = w * batch.sample_weight
         return w
 
-    def _step_learning_rate(self, weights: Optional[Tensor], mask: Optional[Tensor]) -> float:
-        if self.config.decay_lr and weights is not None:
-            return self.config.learning_rate * float(masked_mean(weights, mask))
-        return self.config.learning_rate
-
     def set_learning_rate(self, lr: float) -> None:
         self.optimizer.param_groups[0]["lr"] = lr  # the log Z group keeps its own rate
 
@@ -206,9 +212,9 @@ class TBA(AGRO):
         mask = rollout_mask(batch.terminated, batch.truncated, batch.mask)
         m = mask.to(torch.float32)
         R = rollout_returns(batch.rewards, mask, 1.0)
-        w_step = self._sample_weights(batch)
-        w_col = (w_step * m).sum(0) / m.sum(0).clamp_min(1.0)
-        self.set_learning_rate(self._step_learning_rate(w_step, mask))
+        w_raw = (self._sample_weights(batch) * m).sum(0) / m.sum(0).clamp_min(1.0)  # per rollout
+        w_col, lr = self._step_weights(w_raw, None)
+        self.set_learning_rate(lr)
         with torch.no_grad():
             ref_sum = (self.ref_policy.log_prob(batch.obs, batch.actions) * m).sum(0) if cfg.tb_use_ref_prior else torch.zeros_like(R)
         log_reward = cfg.tb_reward_scale * R + ref_sum
@@ -245,7 +251,7 @@ class TBA(AGRO):
         out.update(
             {
                 "return_mean": float(R.mean()),
-                "weight_mean": float(w_col.mean()),
+                "weight_mean": float(w_raw.mean()),
                 "learning_rate": self.learning_rate,
                 "num_rollouts": float(N),
                 "step": float(self.step),

@@ -15,7 +15,13 @@ episodes with the mean action, on the same eval seeds for every row. Rows give t
 over seeds. ``dpo`` rows evaluate, per PPO seed, the DPO policy and its reference (the policy
 version that generated most of the preference pairs) the same way.
 
-    python bench/algorithms.py --env InvertedPendulum-v5 --steps 50000 --seeds 0,1,2
+The peer row ``sb3-ppo`` (with ``--sb3``; needs the ``bench`` extra, stable-baselines3) is
+Stable-Baselines3's PPO on the same machine with CleanRL's / our PPO settings (2048 steps x 10
+epochs x 32 minibatches of 64, lr 3e-4 annealed, GAE 0.95, clip 0.2, tanh 64x64, observation and
+reward normalisation), evaluated by the same code on the same seeds.
+
+    python bench/algorithms.py --env InvertedPendulum-v5 --steps 50000 --seeds 0 1 2
+    python bench/algorithms.py --env HalfCheetah-v5 --steps 1000000 --seeds 0 1 2 --sb3
 """
 
 from __future__ import annotations
@@ -105,6 +111,38 @@ def train_one(name: str, env_id: str, steps: int, seed: int, out: Path, episodes
             "log_dir": str(run_dir / "log")}
 
 
+class _SB3Policy:
+    """``act(obs, deterministic=True)`` over a trained SB3 model and its observation normaliser."""
+
+    def __init__(self, model, vecnorm) -> None:
+        self.model, self.vecnorm = model, vecnorm
+
+    def act(self, obs: torch.Tensor, deterministic: bool = True):
+        a, _ = self.model.predict(self.vecnorm.normalize_obs(obs.numpy()), deterministic=deterministic)
+        return torch.as_tensor(a), None, None
+
+
+def sb3_one(env_id: str, steps: int, seed: int, episodes: int) -> dict:
+    """The peer: Stable-Baselines3 PPO with the same settings as our PPO row (module doc)."""
+    from stable_baselines3 import PPO as SB3PPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecMonitor, VecNormalize
+
+    venv = VecNormalize(VecMonitor(make_vec_env(env_id, n_envs=1, seed=seed)), gamma=0.99)
+    model = SB3PPO("MlpPolicy", venv, n_steps=2048, batch_size=64, n_epochs=10, learning_rate=lambda f: 3e-4 * f,
+                   gamma=0.99, gae_lambda=0.95, clip_range=0.2, ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5,
+                   policy_kwargs={"net_arch": [64, 64], "activation_fn": torch.nn.Tanh}, seed=seed, device="cpu")
+    t0 = time.perf_counter()
+    model.learn(total_timesteps=steps)
+    wall = time.perf_counter() - t0
+    returns = [ep["r"] for ep in model.ep_info_buffer]  # the last 100 episodes
+    ev = evaluate(_SB3Policy(model, venv), env_id, episodes)
+    return {"name": "sb3-ppo", "algo": "sb3-ppo", "seed": seed, "steps": steps, "updates": steps // 2048,
+            "episodes": len(returns), "train_first20": float("nan"), "train_last20": float(np.mean(returns[-20:])),
+            "eval": float(np.mean(ev)), "wall_s": round(wall, 1), "sps": round(steps / wall, 1),
+            "run": {"num_envs": 1, "group_size": 0, "fragment_steps": 2048, "train_batch_size": 2048}}
+
+
 def dpo_one(ppo: dict, env_id: str, episodes: int, beta: float, epochs: int, segment: int) -> dict:
     log_dir = Path(ppo["log_dir"])
     out = log_dir.parent / "dpo"
@@ -169,10 +207,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--env", default="InvertedPendulum-v5")
     ap.add_argument("--steps", type=int, default=50_000, help="env steps per run")
-    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--seeds", nargs="+", default=["0", "1", "2"], help="e.g. 0 1 2 (or 0,1,2)")
     ap.add_argument("--algos", default=",".join(CASES), help=f"comma-separated, of {sorted(CASES)}")
     ap.add_argument("--eval-episodes", type=int, default=10)
     ap.add_argument("--no-dpo", action="store_true", help="skip DPO on the PPO runs' samples")
+    ap.add_argument("--sb3", action="store_true", help="add the Stable-Baselines3 PPO peer row (bench extra)")
     ap.add_argument("--dpo-beta", type=float, default=0.1)
     ap.add_argument("--dpo-epochs", type=int, default=20)
     ap.add_argument("--dpo-segment", type=int, default=8,
@@ -189,7 +228,7 @@ def main() -> None:
         return
     torch.set_num_threads(args.threads)
     out = args.out or Path("runs/bench-algorithms") / time.strftime("%Y%m%d-%H%M%S")
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = [int(x) for s in args.seeds for x in s.split(",") if x]
     names = [n for n in args.algos.split(",") if n]
     if "ppo" not in names:
         names.insert(0, "ppo")
@@ -198,6 +237,11 @@ def main() -> None:
     for name in names:
         for seed in seeds:
             r = train_one(name, args.env, args.steps, seed, out, args.eval_episodes)
+            runs.append(r)
+            print(json.dumps({"run": r}), flush=True)
+    if args.sb3:
+        for seed in seeds:
+            r = sb3_one(args.env, args.steps, seed, args.eval_episodes)
             runs.append(r)
             print(json.dumps({"run": r}), flush=True)
     if not args.no_dpo:

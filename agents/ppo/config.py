@@ -5,14 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from agents.base import PolicyConfig
+from agents.vtrace import VTraceConfig
 
 __all__ = ["PPOConfig"]
 
 
 @dataclass(frozen=True)
-class PPOConfig(PolicyConfig):
-    """Clipped-surrogate PPO with GAE. Inherits network/optimiser fields from ``PolicyConfig``.
+class PPOConfig(VTraceConfig):
+    """Clipped-surrogate PPO with GAE. Inherits network/optimiser fields from ``PolicyConfig``
+    and the off-policy correction (used when ``decoupled``) from ``VTraceConfig``.
 
     One ``update()`` call is one CleanRL iteration: ``update_epochs`` passes over
     the batch (CleanRL: 1 env x 2048 steps) in ``num_minibatches`` shuffled
@@ -53,9 +54,9 @@ class PPOConfig(PolicyConfig):
     use_sample_weight: bool = True
     """Multiply per-sample losses by ``batch.sample_weight`` when present."""
     decoupled: bool = False
-    """Decoupled PPO for stale data: clip the ratio against the learner's own log-probs at the start of
-    the update (recomputing values too) and weight each sample by the truncated behaviour IS weight
-    ``batch.is_rho`` (or ``min(behaviour_weight_cap, pi_prox / mu)`` when absent). Identical to plain PPO
-    on fresh data; off by default (CleanRL has no such mode)."""
-    behaviour_weight_cap: float = 1.0
-    """Cap of the behaviour IS weight computed when ``decoupled`` and the batch carries no ``is_rho``."""
+    """Decoupled PPO for stale data: the clip is anchored at the learner's own policy at the start of
+    the update (pi_prox), each sample is weighted by the behaviour correction ``rho = pi_prox / mu``
+    under the shared cap rule (``agents.vtrace.importance_weights``: dropped above ``behaviour_cap``,
+    truncated at ``rho_bar``), and advantages / value targets are V-trace's (``c`` truncated at
+    ``c_bar``) with the current critic. Identical to plain PPO on fresh data; off by default
+    (CleanRL has no such mode)."""

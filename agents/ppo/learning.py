@@ -12,6 +12,7 @@ from agents.core import TrajectoryBatch
 from agents.normalization import RewardScaler
 from agents.ppo.config import PPOConfig
 from agents.ppo.losses import compute_gae, policy_loss, value_loss
+from agents.vtrace import behaviour_weights, vtrace
 
 __all__ = ["PPO", "bootstrap_values"]
 
@@ -89,9 +90,22 @@ class PPO(BaseAlgorithm):
             rewards = self.reward_scaler(batch.rewards, batch.terminated, batch.stream_ids, batch.mask)
         else:
             rewards = batch.rewards
-        advantages, returns = compute_gae(
-            rewards, values, batch.terminated, batch.truncated, last_value, final_values, cfg.gamma, cfg.gae_lambda
-        )
+        extra: dict[str, float] = {}
+        rho = None
+        if cfg.decoupled:
+            # Decoupled PPO: the trust region is around the learner's policy at the start of this
+            # update (pi_prox); the behaviour mismatch pi_prox / mu is corrected by V-trace.
+            with torch.no_grad():
+                prox_logp = self.policy.log_prob(batch.obs, batch.actions)
+            rho, c, capped = behaviour_weights(cfg, prox_logp - batch.behaviour_logp)
+            returns, advantages = vtrace(
+                rewards, values, batch.terminated, batch.truncated, last_value, final_values, rho, c, cfg.gamma, cfg.gae_lambda
+            )
+            extra["behaviour_dropped"] = float(capped.sum())
+        else:
+            advantages, returns = compute_gae(
+                rewards, values, batch.terminated, batch.truncated, last_value, final_values, cfg.gamma, cfg.gae_lambda
+            )
 
         valid = batch.mask.reshape(-1) if batch.mask is not None else None
 
@@ -103,19 +117,11 @@ class PPO(BaseAlgorithm):
         b_logp, b_adv, b_ret, b_val = flat(batch.behaviour_logp), flat(advantages), flat(returns), flat(values)
         b_w = flat(batch.sample_weight) if (cfg.use_sample_weight and batch.sample_weight is not None) else None
         n = b_obs.shape[0]
-        extra: dict[str, float] = {}
-        if cfg.decoupled:
-            # Decoupled PPO: the trust region is around the learner's policy at the start of this
-            # update (proximal), and the behaviour mismatch is corrected by a truncated IS weight.
-            with torch.no_grad():
-                prox_logp = self.policy.log_prob(b_obs, b_act)
-                if batch.is_rho is not None:
-                    rho = flat(batch.is_rho)
-                else:
-                    rho = torch.exp(prox_logp - b_logp).clamp(max=cfg.behaviour_weight_cap)
-            b_logp = prox_logp
-            b_w = rho if b_w is None else b_w * rho
-            extra["behaviour_weight_mean"] = float(rho.mean())
+        if rho is not None:
+            b_logp = flat(prox_logp)
+            b_rho = flat(rho)
+            b_w = b_rho if b_w is None else b_w * b_rho
+            extra["behaviour_weight_mean"] = float(b_rho.mean())
 
         sums: dict[str, float] = {}
         count = 0

@@ -9,6 +9,10 @@ With ``log_ratio = logp_current - logp_behaviour`` per transition (computed in l
   to be corrected by truncation;
 * a non-finite log ratio (NaN/inf from either policy) is masked and counted as well.
 
+The rule itself is ``agents.vtrace.importance_weights``: the learner's decoupled PPO, AGRO and
+TBA apply the same function (and the same defaults) against the policy that anchors their
+update, so the stream processor and the learner cannot disagree on what is dropped.
+
 Weights are exactly 1 when the behaviour version is the current version (``ones``); the
 current policy's log-probs come from an injected ``LogpFn``; ``PolicyLogpFn`` builds one
 from a ``PolicyVersion`` (safetensors weights + arch metadata -> ``agents.networks.Policy``).
@@ -17,7 +21,6 @@ from a ``PolicyVersion`` (safetensors weights + arch metadata -> ``agents.networ
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -71,10 +74,6 @@ class ImportanceWeights:
         self.c_bar = float(c_bar)
         self.behaviour_cap = None if behaviour_cap is None else float(behaviour_cap)
         self.max_log_ratio = float(max_log_ratio)
-        self._log_rho_bar = math.log(self.rho_bar) if math.isfinite(self.rho_bar) else math.inf
-        self._log_c_bar = math.log(self.c_bar) if math.isfinite(self.c_bar) else math.inf
-        self._log_cap = None if self.behaviour_cap is None else (
-            math.log(self.behaviour_cap) if math.isfinite(self.behaviour_cap) else math.inf)
 
     @staticmethod
     def ones(shape: tuple[int, ...]) -> ImportanceResult:
@@ -82,37 +81,26 @@ class ImportanceWeights:
         return ImportanceResult(w, w, computed=False)
 
     def from_logps(self, behaviour_logp: np.ndarray, current_logp: np.ndarray) -> ImportanceResult:
+        """Weights by ``agents.vtrace.importance_weights``, the cap rule the learner applies too."""
+        import torch
+
+        from agents.vtrace import importance_weights
+
         b = np.asarray(behaviour_logp, dtype=np.float64)
         p = np.asarray(current_logp, dtype=np.float64)
         if b.shape != p.shape:
             raise ValueError(f"current logp shape {p.shape} != behaviour logp shape {b.shape}")
         with np.errstate(invalid="ignore", over="ignore"):
             lr = p - b
-        finite = np.isfinite(lr)
-        nonfinite = int(lr.size - np.count_nonzero(finite))
-        lr = np.where(finite, lr, 0.0)
-        mask = finite
-        capped = 0
-        if self._log_cap is not None:
-            over = lr > self._log_cap
-            capped = int(np.count_nonzero(over & finite))
-            if capped:
-                mask = finite & ~over
-        lr = np.clip(lr, -self.max_log_ratio, self.max_log_ratio)
-        rho = np.exp(np.minimum(lr, self._log_rho_bar))
-        if self.c_bar == self.rho_bar:
-            c = rho
-        else:
-            c = np.exp(np.minimum(lr, self._log_c_bar))
-        if nonfinite or capped:
-            rho = np.where(mask, rho, 0.0)
-            c = np.where(mask, c, 0.0)
-        rho32 = rho.astype(np.float32)
-        c32 = rho32 if c is rho else c.astype(np.float32)
-        ok = lr if not nonfinite else lr[finite]
+        rho, c, capped, nonfinite = importance_weights(
+            torch.from_numpy(lr), self.rho_bar, self.c_bar, self.behaviour_cap, self.max_log_ratio)
+        finite = ~nonfinite.numpy()
+        ok = np.clip(lr[finite], -self.max_log_ratio, self.max_log_ratio)
         mean_lr = float(ok.mean()) if ok.size else 0.0
         max_lr = float(ok.max()) if ok.size else 0.0
-        return ImportanceResult(rho32, c32, True, capped, nonfinite, mean_lr, max_lr)
+        rho32 = rho.numpy().astype(np.float32)
+        c32 = rho32 if self.c_bar == self.rho_bar else c.numpy().astype(np.float32)
+        return ImportanceResult(rho32, c32, True, int(capped.sum()), int(nonfinite.sum()), mean_lr, max_lr)
 
     def compute(self, batch: SampleBatch, logp_fn: LogpFn | None, current_version: int) -> ImportanceResult:
         """Weights for ``batch`` under the policy of ``current_version`` (``logp_fn``)."""

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch import Tensor, nn
 
 from agents.core import TrajectoryBatch
 
@@ -79,3 +80,55 @@ def bandit():
         OBS_DIM=OBS_DIM, ACT_DIM=ACT_DIM, target=target, reward=reward, rollout=rollout,
         policy_mse=policy_mse, mean_reward=mean_reward,
     )
+
+
+# ---- a tabular softmax policy: K discrete actions in one state, with the Policy interface the
+# algorithms use (evaluate, log_prob, value), so a real update() can be checked against a
+# closed-form optimum. Actions are [..., 1] floats holding the action index.
+
+class TabularPolicy(nn.Module):
+    def __init__(self, logits: Tensor) -> None:
+        super().__init__()
+        self.logits = nn.Parameter(logits.clone().float())
+        self.v = nn.Parameter(torch.zeros(()))
+
+    def probs(self) -> Tensor:
+        return torch.softmax(self.logits, -1)
+
+    def log_prob(self, obs: Tensor, actions: Tensor) -> Tensor:
+        return torch.log_softmax(self.logits, -1)[actions[..., 0].long()]
+
+    def value(self, obs: Tensor) -> Tensor:
+        return self.v.expand(obs.shape[:-1])
+
+    def evaluate(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        logp_all = torch.log_softmax(self.logits, -1)
+        entropy = -(logp_all.exp() * logp_all).sum().expand(obs.shape[:-1])
+        return self.log_prob(obs, actions), entropy, self.value(obs)
+
+
+def install(algo, logits: Tensor) -> TabularPolicy:
+    """Replace ``algo``'s policy by a tabular one (new optimiser, reference = the new policy)."""
+    algo.policy = TabularPolicy(logits)
+    algo.optimizer = algo._make_optimizer(list(algo.policy.parameters()))
+    algo._init_reference()
+    return algo.policy
+
+
+def bandit_batch(probs: Tensor, rewards: Tensor, n: int, gen: torch.Generator) -> TrajectoryBatch:
+    """``n`` one-step episodes (terminated) with actions drawn from ``probs``; ``behaviour_logp = log probs``."""
+    a = torch.multinomial(probs, n, replacement=True, generator=gen)
+    ones = torch.ones(n, 1, dtype=torch.bool)
+    return TrajectoryBatch(
+        obs=torch.zeros(n, 1, 1), actions=a.float().reshape(n, 1, 1), rewards=rewards[a].reshape(n, 1),
+        terminated=ones, truncated=~ones, behaviour_logp=probs.log()[a].reshape(n, 1), last_obs=torch.zeros(1, 1),
+    )
+
+
+def kl(p: Tensor, q: Tensor) -> float:
+    return float((p * (p / q).log()).sum())
+
+
+@pytest.fixture
+def tabular():
+    return SimpleNamespace(TabularPolicy=TabularPolicy, install=install, bandit_batch=bandit_batch, kl=kl)

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from agents.agro import AGRO, AGROConfig, agro_loss
@@ -47,3 +48,27 @@ def test_agro_group_baseline(bandit):
         m = algo.update(bandit.rollout(algo.policy, 1, 256, gen, group_size=8))
     assert "loss_value" not in m
     assert bandit.policy_mse(algo.policy) < 0.25 * mse0
+
+
+# ---- the KL-regularised optimum under any sampler (4-action tabular bandit) ----------------------
+REF_LOGITS = torch.tensor([0.5, 0.0, -0.5, 0.2])
+REWARDS = torch.tensor([1.0, 0.2, -0.5, 0.6])
+STALE = torch.tensor([0.1, 0.15, 0.6, 0.15])  # a fixed behaviour policy far from pi_ref and pi*
+BETA = 0.5
+
+
+@pytest.mark.parametrize("baseline", ["mean", "value"])
+@pytest.mark.parametrize("sampler", ["fresh", "stale"])
+def test_agro_reaches_the_regularised_optimum_under_any_sampler(baseline, sampler, tabular):
+    cfg = AGROConfig(beta=BETA, baseline=baseline, norm_adv=False, normalize_reward=False, normalize_obs=False,
+                     ref_update_interval=0, update_epochs=1, num_minibatches=1, learning_rate=0.03, max_grad_norm=0.0)
+    algo = AGRO(cfg, 1, 1)
+    pol = tabular.install(algo, REF_LOGITS)
+    ref = torch.softmax(REF_LOGITS, -1)
+    target = ref * torch.exp(REWARDS / BETA)
+    target = target / target.sum()
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(600):
+        probs = STALE if sampler == "stale" else pol.probs().detach()
+        algo.update(tabular.bandit_batch(probs, REWARDS, 256, gen))
+    assert tabular.kl(target, pol.probs().detach()) < 1e-3

@@ -84,3 +84,53 @@ def test_tba_trajectory_balance_learns(bandit, logz):
     assert bandit.mean_reward(algo.policy) > rew0 + 0.4
     if logz == "learned":
         assert algo.state_dict()["log_z"].item() != 0.0
+
+
+def _param_change(algo, batch) -> float:
+    before = torch.cat([p.detach().clone().reshape(-1) for p in algo.policy.parameters()])
+    algo.update(batch)
+    after = torch.cat([p.detach().reshape(-1) for p in algo.policy.parameters()])
+    return float((after - before).norm())
+
+
+@pytest.mark.parametrize("objective", ["agro", "tb"])
+def test_stale_batch_moves_the_policy_less_than_a_fresh_one_under_adam(bandit, objective):
+    """After a normal update (Adam has state), the same batch 8 versions old (weight 0.9^8 = 0.43)
+    moves the parameters about 0.43x as far as when fresh -- not the same distance."""
+    group = 8 if objective == "tb" else None
+    T, N = (1, 64) if objective == "tb" else (16, 4)
+    cfg = TBAConfig(objective=objective, learning_rate=1e-3, update_epochs=2, num_minibatches=2)
+    algo = TBA(cfg, bandit.OBS_DIM, bandit.ACT_DIM)
+    gen = torch.Generator().manual_seed(0)
+    algo.update(bandit.rollout(algo.policy, T, N, gen, group_size=group))
+    state = copy.deepcopy(algo.state_dict())
+    batch = bandit.rollout(algo.policy, T, N, gen, group_size=group)
+    moved = {}
+    for versions in (0.0, 8.0):
+        clone = TBA(cfg, bandit.OBS_DIM, bandit.ACT_DIM)
+        clone.load_state_dict(copy.deepcopy(state))
+        moved[versions] = _param_change(clone, dataclasses.replace(batch, staleness_versions=versions))
+    assert moved[0.0] > 0
+    assert 0.3 < moved[8.0] / moved[0.0] < 0.55, moved
+
+
+def test_stale_samples_count_less_than_fresh_ones_within_a_batch(bandit):
+    """Relative weights: in a half-stale batch, a gradient step follows the fresh half."""
+    algo = TBA(TBAConfig(), bandit.OBS_DIM, bandit.ACT_DIM)
+    batch = bandit.rollout(algo.policy, 8, 4, torch.Generator().manual_seed(0))
+    versions = torch.zeros(8, 4)
+    versions[:, 2:] = 4.0  # weight 0: these columns must not matter at all
+    other = bandit.rollout(algo.policy, 8, 4, torch.Generator().manual_seed(1))
+    mixed = dataclasses.replace(
+        batch, staleness_versions=versions,
+        actions=torch.cat([batch.actions[:, :2], other.actions[:, 2:]], 1),
+        rewards=torch.cat([batch.rewards[:, :2], other.rewards[:, 2:]], 1),
+        behaviour_logp=torch.cat([batch.behaviour_logp[:, :2], other.behaviour_logp[:, 2:]], 1),
+    )
+    cfg = TBAConfig(staleness_schedule="linear", max_versions=4, norm_adv=False, normalize_reward=False, normalize_obs=False)
+    a, b = (TBA(cfg, bandit.OBS_DIM, bandit.ACT_DIM) for _ in range(2))
+    ma = a.update(dataclasses.replace(batch, staleness_versions=versions))
+    mb = b.update(mixed)
+    assert ma["weight_mean"] == pytest.approx(0.5) and ma["learning_rate"] == pytest.approx(1.5e-4)
+    for pa, pb in zip(a.policy.parameters(), b.policy.parameters()):
+        torch.testing.assert_close(pa, pb)

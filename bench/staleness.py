@@ -1,0 +1,191 @@
+"""Learning against staleness: the off-policy algorithms (AGRO, TBA, decoupled PPO) trained on
+data from a policy exactly K versions behind the learner, with and without the off-policy
+correction, to show the learning curve against K (0, 4, 16).
+
+The version lag is injected in one process, which is the cheapest faithful way to get a *fixed*
+K: an actor keeps the last K + 1 published policy versions and always acts with the oldest, and
+the learner gets each fragment with ``behaviour_logp`` of that policy and ``staleness_versions``
+set to the real gap (as the stream processor would). In decoupled mode K is whatever the queue
+depth happens to be; here it is the independent variable. The algorithm objects are the same ones
+``rlstream train`` builds (``agents.registry.make_algorithm``), with their run defaults (one env,
+fragments of 2048 steps).
+
+"With correction" is each algorithm's default: V-trace targets with rho/c from the shared cap
+rule (AGRO, TBA), TBA's staleness-decayed learning rate, decoupled PPO's clip anchored at the
+learner's own policy with the behaviour weight. "Without": ``vtrace=false`` (rho = c = 1), TBA's
+``staleness_schedule=none``, plain PPO (clip anchored at the stale behaviour policy).
+
+    python bench/staleness.py --env HalfCheetah-v5 --steps 1000000 --seeds 0 1 2 --ks 0 4 16
+    python bench/staleness.py --steps 4096 --ks 0 2 --algos agro --seeds 0   # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import time
+from collections import deque
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from agents.core import TrajectoryBatch
+from agents.registry import make_algorithm
+
+FRAGMENT = 2048
+ALGOS = ("agro", "tba", "ppo")
+
+
+def overrides(algo: str, correction: bool, steps: int, seed: int) -> dict:
+    o: dict = {"seed": seed}
+    if algo == "ppo":
+        o.update(decoupled=correction, total_updates=max(1, steps // FRAGMENT))
+    else:
+        o["vtrace"] = correction
+        if algo == "tba" and not correction:
+            o["staleness_schedule"] = "none"
+    return o
+
+
+def collect(env, obs: np.ndarray, policy, T: int, gen: torch.Generator, episode: dict) -> tuple[dict, np.ndarray, list]:
+    """``T`` steps of ``policy`` (as the actor: sampled actions, clipped for the env, the true final
+    obs of a truncated episode kept apart). Returns the batch arrays, the next obs, finished returns."""
+    low, high = env.action_space.low, env.action_space.high
+    keys = ("obs", "actions", "rewards", "terminated", "truncated", "behaviour_logp", "next_obs_final")
+    buf: dict = {k: [] for k in keys}
+    done_returns = []
+    for _ in range(T):
+        o = torch.as_tensor(obs, dtype=torch.float32).unsqueeze(0)
+        a, logp, _ = policy.act(o, generator=gen)
+        nxt, r, term, trunc, _ = env.step(np.clip(a[0].numpy(), low, high))
+        buf["obs"].append(obs)
+        buf["actions"].append(a[0].numpy())
+        buf["rewards"].append(r)
+        buf["terminated"].append(term)
+        buf["truncated"].append(trunc and not term)
+        buf["behaviour_logp"].append(float(logp[0]))
+        buf["next_obs_final"].append(nxt)
+        episode["ret"] += float(r)
+        if term or trunc:
+            done_returns.append(episode["ret"])
+            episode["ret"] = 0.0
+            nxt, _ = env.reset()
+        obs = nxt
+    arrays = {k: np.asarray(v, dtype=np.float32 if k not in ("terminated", "truncated") else bool) for k, v in buf.items()}
+    arrays = {k: v.reshape(T, 1, *v.shape[1:]) for k, v in arrays.items()}
+    arrays["last_obs"] = np.asarray(obs, dtype=np.float32).reshape(1, -1)
+    return arrays, obs, done_returns
+
+
+def run_one(algo_name: str, env_id: str, K: int, correction: bool, steps: int, seed: int) -> dict:
+    env = gym.make(env_id)
+    obs, _ = env.reset(seed=seed)
+    env.action_space.seed(seed)
+    algo = make_algorithm(algo_name, env.observation_space.shape[0], env.action_space.shape[0],
+                          overrides(algo_name, correction, steps, seed))
+    versions: deque = deque([(0, copy.deepcopy(algo.policy.state_dict()))], maxlen=K + 1)
+    behaviour = copy.deepcopy(algo.policy)
+    gen = torch.Generator().manual_seed(seed)
+    episode, curve, lags = {"ret": 0.0}, [], []
+    t0, done = time.perf_counter(), 0
+    while done < steps:
+        version, state = versions[0]  # the oldest kept version: K behind once the deque is full
+        behaviour.load_state_dict(state)
+        arrays, obs, finished = collect(env, obs, behaviour, FRAGMENT, gen, episode)
+        done += FRAGMENT
+        curve += [(done, r) for r in finished]
+        lag = algo.step - version
+        lags.append(lag)
+        algo.update(TrajectoryBatch.from_numpy(**arrays, staleness_versions=float(lag)))
+        versions.append((algo.step, copy.deepcopy(algo.policy.state_dict())))
+    rets = [r for _, r in curve]
+    return {"algo": algo_name, "K": K, "correction": correction, "seed": seed, "steps": done,
+            "updates": algo.step, "mean_lag": float(np.mean(lags)), "episodes": len(rets),
+            "last20": float(np.mean(rets[-20:])) if rets else float("nan"),
+            "wall_s": round(time.perf_counter() - t0, 1), "curve": curve}
+
+
+def _smooth(xs: list[float], window: int = 20) -> np.ndarray:
+    """Running mean over the last ``window`` episodes."""
+    c = np.cumsum(np.insert(np.asarray(xs, dtype=float), 0, 0.0))
+    n = np.minimum(np.arange(1, len(xs) + 1), window)
+    return (c[1:] - c[np.arange(1, len(xs) + 1) - n]) / n
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    """Mean over seeds of each run's running last-20 return against env steps, one panel per algorithm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    algos = list(dict.fromkeys(r["algo"] for r in runs))
+    fig, axes = plt.subplots(1, len(algos), figsize=(5 * len(algos), 4), squeeze=False)
+    for ax, a in zip(axes[0], algos):
+        for (K, corr) in sorted({(r["K"], r["correction"]) for r in runs if r["algo"] == a}):
+            rs = [r for r in runs if r["algo"] == a and r["K"] == K and r["correction"] == corr]
+            xs = np.linspace(0, max(r["steps"] for r in rs), 50)
+            ys = [np.interp(xs, [s for s, _ in r["curve"]], _smooth([v for _, v in r["curve"]])) for r in rs if r["curve"]]
+            if ys:
+                ax.plot(xs, np.mean(ys, 0), ls="-" if corr else "--", label=f"K={K} {'corr' if corr else 'no corr'}")
+        ax.set_title(a)
+        ax.set_xlabel("env steps")
+        ax.set_ylabel("episode return")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def table(runs: list[dict]) -> str:
+    lines = ["| algorithm | K | correction | last-20 return (mean ± std over seeds) | mean lag | updates |",
+             "|---|---|---|---|---|---|"]
+    for key in dict.fromkeys((r["algo"], r["K"], r["correction"]) for r in runs):
+        rs = [r for r in runs if (r["algo"], r["K"], r["correction"]) == key]
+        v = [r["last20"] for r in rs]
+        lines.append(f"| {key[0]} | {key[1]} | {'yes' if key[2] else 'no'} | {np.mean(v):.1f} ± {np.std(v):.1f} "
+                     f"| {np.mean([r['mean_lag'] for r in rs]):.1f} | {rs[0]['updates']} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--env", default="HalfCheetah-v5")
+    ap.add_argument("--steps", type=int, default=1_000_000, help="env steps per run")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--ks", type=int, nargs="+", default=[0, 4, 16], help="policy versions of lag")
+    ap.add_argument("--algos", nargs="+", default=list(ALGOS), choices=ALGOS)
+    ap.add_argument("--no-ablation", action="store_true", help="only the corrected runs")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=None, help="default: runs/bench-staleness/<time>")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    out = args.out or Path("runs/bench-staleness") / time.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    runs = []
+    for a in args.algos:
+        for K in args.ks:
+            for corr in ((True,) if args.no_ablation else (True, False)):
+                for seed in args.seeds:
+                    r = run_one(a, args.env, K, corr, args.steps, seed)
+                    runs.append(r)
+                    print(json.dumps({k: v for k, v in r.items() if k != "curve"}), flush=True)
+    md = table(runs)
+    doc = {"bench": "staleness", "env": args.env, "steps_per_run": args.steps, "seeds": args.seeds, "ks": args.ks,
+           "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+                    "threads": args.threads},
+           "total_wall_s": round(time.perf_counter() - t0, 1), "table": md, "runs": runs}
+    (out / "staleness.json").write_text(json.dumps(doc))
+    (out / "staleness.md").write_text(md + "\n")
+    plot(runs, out / "staleness.png")
+    print(md)
+    print(json.dumps({"out": str(out)}))
+
+
+if __name__ == "__main__":
+    main()

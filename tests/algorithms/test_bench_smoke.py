@@ -1,0 +1,34 @@
+"""Tiny smoke runs of the learning benches (the real tables take hours: see docs/algorithms.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+def test_staleness_bench_runs_every_algorithm_with_and_without_correction(tmp_path):
+    subprocess.run([sys.executable, "bench/staleness.py", "--env", "InvertedPendulum-v5", "--steps", "4096",
+                    "--ks", "0", "1", "--seeds", "0", "--out", str(tmp_path)], cwd=ROOT, check=True, timeout=1200)
+    doc = json.loads((tmp_path / "staleness.json").read_text())
+    keys = {(r["algo"], r["K"], r["correction"]) for r in doc["runs"]}
+    assert keys == {(a, k, c) for a in ("agro", "tba", "ppo") for k in (0, 1) for c in (True, False)}
+    for r in doc["runs"]:  # the injected lag is real: K versions once the history is full
+        assert r["updates"] == 2 and r["mean_lag"] == pytest.approx(0.0 if r["K"] == 0 else 0.5)
+    assert (tmp_path / "staleness.png").stat().st_size > 0
+
+
+def test_algorithms_bench_with_the_sb3_peer(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    subprocess.run([sys.executable, "bench/algorithms.py", "--env", "InvertedPendulum-v5", "--steps", "2048",
+                    "--seeds", "0", "--algos", "ppo", "--no-dpo", "--sb3", "--eval-episodes", "1", "--out", str(tmp_path)],
+                   cwd=ROOT, check=True, timeout=1200)
+    rows = {r["name"]: r for r in json.loads((tmp_path / "algorithms.json").read_text())["rows"]}
+    assert set(rows) == {"ppo", "sb3-ppo"} and rows["sb3-ppo"]["eval"]["mean"] > 0
