@@ -25,6 +25,10 @@ from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_P
 def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | None = None,
                   metrics: Metrics | None = None, bus=None) -> dict[str, Any]:
     stop = stop or threading.Event()
+    if cfg.torch_threads:
+        import torch
+
+        torch.set_num_threads(cfg.torch_threads)
     metrics = metrics or Metrics(role="colocated")
     bus = bus or wiring.build_bus(cfg.bus)
     events = wiring.build_events(bus, metrics)
