@@ -135,12 +135,14 @@ def evaluate(run_dir: str | Path, version: int | None = None, episodes: int = 10
     return out
 
 
-def write_video(frames: list[np.ndarray], out_dir: Path, name: str, fps: int = 30) -> str:
-    """Write RGB frames as ``name.mp4`` (imageio-ffmpeg) or else ``name.gif``; the path."""
+def write_video(frames: list[np.ndarray], out_dir: Path, name: str, fps: int = 30, max_frames: int = 300) -> str:
+    """Write RGB frames (at most ``max_frames``, evenly spaced) as ``name.mp4`` (imageio-ffmpeg)
+    or else ``name.gif``; the path."""
     import imageio.v2 as imageio
 
     if not frames or frames[0] is None:
         raise EvalError("the environment rendered no frames (it has no rgb_array render mode)")
+    frames = frames[::max(1, -(-len(frames) // max_frames))]
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         path = out_dir / f"{name}.mp4"
