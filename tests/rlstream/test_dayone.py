@@ -103,3 +103,29 @@ def test_train_own_env_verdict_plot_tensorboard_then_eval(tmp_path):
     assert (result["version"], result["source"]) == (4, "snapshots")
     e = rlstream("eval", str(run), "--version", "99")
     assert e.returncode == 2 and "version 99 is neither in its event log" in e.stderr
+
+
+def test_eval_records_mujoco_video_offscreen_from_a_snapshot(tmp_path):
+    """A MuJoCo env rendered offscreen on the CPU (OSMesa: libosmesa6, installed by .ci/run)."""
+    import torch
+
+    from agents.networks import Policy
+    from learner.snapshots import open_store
+    from rlstream.policies import arch_of
+
+    torch.manual_seed(0)
+    policy = Policy(4, 1, hidden=(8,))
+    run = tmp_path / "run"
+    open_store(str(run / "snapshots")).save(3, policy.state_dict(), {"arch": arch_of(policy),
+                                                                     "env_id": "InvertedPendulum-v5"})
+    env = {**cli_env(), "MUJOCO_GL": "osmesa"}
+    e = subprocess.run([sys.executable, "-m", "rlstream.cli", "eval", str(run), "--episodes", "2",
+                        "--video", str(tmp_path / "video")], cwd=str(ROOT), env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert e.returncode == 0, e.stderr[-3000:]
+    result = json.loads(e.stdout.splitlines()[0])
+    assert (result["version"], result["source"], result["env"]) == (3, "snapshots", "InvertedPendulum-v5")
+    import imageio.v2 as imageio
+
+    frames = imageio.mimread(result["video"])
+    assert len(frames) >= 2 and frames[0].shape[-1] in (3, 4) and max(f.std() for f in frames) > 0
