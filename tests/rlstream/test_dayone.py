@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,23 @@ def test_eval_records_mujoco_video_offscreen_from_a_snapshot(tmp_path):
 
     frames = imageio.mimread(result["video"])
     assert len(frames) >= 2 and frames[0].shape[-1] in (3, 4) and max(f.std() for f in frames) > 0
+
+
+@pytest.mark.kafka
+def test_decoupled_own_env_wrappers_tensorboard_per_role(rl_topics, tmp_path):
+    """Every child process (learner, actor) imports the user's env module itself; each role
+    writes its own TensorBoard run; the verdict comes from the actor's returns."""
+    run = tmp_path / "run"
+    p = rlstream("train", "--mode", "decoupled", "--env", "user_envs:Corridor-v0", "--wrappers", "clip_reward",
+                 "--total-steps", "1024", "--num-envs", "4", "--train-batch-size", "512", "--bootstrap", rl_topics,
+                 "--run-dir", str(run), "--run-id", "dec", "--metrics-port", "-1", "--log-every", "60",
+                 "--policy-id", f"dayone-{uuid.uuid4().hex[:8]}")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["exit_codes"] == {"learner": 0, "streams": 0, "actor-0": 0}, summary
+    assert summary["processes"]["learner"]["updates"] == 2
+    assert summary["processes"]["streams"]["drops"] == {}
+    last = p.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"verdict: return -?[\d.]+ \(first episodes\) -> -?[\d.]+ \(last 20 episodes\); "
+                        r"plot: .+actor-0/returns\.png", last), last
+    check_tensorboard(run / "tb" / "dec", ["actor-0"])

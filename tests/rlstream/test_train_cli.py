@@ -27,7 +27,7 @@ def rlstream(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedP
 
 def summary_of(p: subprocess.CompletedProcess) -> dict:
     start = p.stdout.index('{\n  "summary"')
-    return json.loads(p.stdout[start:])["summary"]
+    return json.JSONDecoder().raw_decode(p.stdout[start:])[0]["summary"]
 
 
 def versions(log: Path) -> list:
@@ -91,5 +91,5 @@ def test_replay_of_a_colocated_run_builds_preference_pairs(run):
     p = rlstream("replay", "--log-dir", "runs/first/log", "--topic", SAMPLES_RAW, "--segment", "16",
                  "--out", "dpo", cwd=cwd)
     start = p.stdout.index('{\n  "summary"')
-    s = json.loads(p.stdout[start:])["summary"]
+    s = json.JSONDecoder().raw_decode(p.stdout[start:])[0]["summary"]
     assert s["pairs_built"] > 0
