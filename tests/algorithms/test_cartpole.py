@@ -20,7 +20,7 @@ def test_ppo_solves_cartpole(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("RLSTREAM_METRICS_PORT", None)
     run = tmp_path / "run"
-    train = [sys.executable, "-m", "rlstream.cli", "train", "--env", "CartPole-v1", "--total-steps", "50000",
+    train = [sys.executable, "-m", "rlstream.cli", "train", "--env", "CartPole-v1", "--total-steps", "25000",
              "--num-envs", "8", "--train-batch-size", "1024", "--set", "learning_rate=0.001",
              "--set", "num_minibatches=8", "--torch-threads", "1", "--run-dir", str(run), "--metrics-port", "-1",
              "--log-every", "60", "--no-plot", "--tensorboard", "off"]
