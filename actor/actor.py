@@ -53,6 +53,8 @@ class ActorConfig:
     """Give up (raise) after this many consecutive fragments rejected for NaN/inf env output."""
     vector_mode: str = "sync"
     """gymnasium vectorization mode: sync or async (subprocess envs)."""
+    wrappers: tuple[str, ...] = ()
+    """Per-env wrappers by name (``actor.envs.WRAPPERS``)."""
     swap_every: int = 0
     """>0 (free-running off-policy actors): every this many steps, look for a newer policy and,
     if one arrived, end the fragment there so the new one acts at once; policy latency is then
@@ -70,7 +72,8 @@ class Actor:
         self.events = events
         self.on_batch = on_batch
         self.on_reject = on_reject
-        self.env = env if env is not None else make_vector_env(config.env_id, config.num_envs, config.vector_mode)
+        self.env = env if env is not None else make_vector_env(config.env_id, config.num_envs, config.vector_mode,
+                                                                 config.wrappers)
         self.spec = spec_of(self.env, config.env_id)
         self.seq = 0
         self.rejected = 0
@@ -151,7 +154,6 @@ class Actor:
         ep_returns: list[float] = []
         ep_lengths: list[int] = []
         obs = self._obs
-        low, high = spec.act_low, spec.act_high
         grouped = cfg.group_size > 0
         rollout_done = np.zeros(N, bool)  # group mode: the column's first episode has ended
         for t in range(T):
@@ -161,7 +163,7 @@ class Actor:
             a_np = a.numpy()
             act_buf[t] = a_np
             logp_buf[t] = logp.numpy()
-            nobs, rew, term, trunc, info = self.env.step(np.clip(a_np, low, high))
+            nobs, rew, term, trunc, info = self.env.step(spec.to_env(a_np))
             nobs = np.asarray(nobs, dtype=np.float32)
             rew = np.asarray(rew, dtype=np.float32)
             if not np.isfinite(rew).all():

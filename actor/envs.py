@@ -1,11 +1,26 @@
-"""Gymnasium vector environments for actors (MuJoCo or classic control)."""
+"""Gymnasium vector environments for actors (MuJoCo, classic control, or the user's own).
+
+``env_id`` is any id ``gymnasium.make`` accepts, including Gymnasium's ``module:EnvId-v0`` form:
+the module (e.g. a package that calls ``gymnasium.register`` on import) is imported first, in
+every process that builds the env. ``wrappers`` names per-env wrappers from ``WRAPPERS``.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import gymnasium as gym
 import numpy as np
+
+#: Per-env wrappers selectable by name (``--wrappers a,b``), applied in the order given.
+WRAPPERS: dict[str, Callable[[gym.Env], gym.Env]] = {
+    "normalize_obs": gym.wrappers.NormalizeObservation,
+    "normalize_reward": gym.wrappers.NormalizeReward,
+    "clip_reward": lambda env: gym.wrappers.ClipReward(env, -10.0, 10.0),
+    "flatten_obs": gym.wrappers.FlattenObservation,
+}
 
 
 class NonFiniteEnvError(RuntimeError):
@@ -26,32 +41,85 @@ class EnvSpec:
     act_dim: int
     act_low: np.ndarray
     act_high: np.ndarray
+    nvec: tuple[int, ...] = ()
+    """Discrete/MultiDiscrete actions: choices per component (categorical policy head); () for Box."""
+    act_start: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Discrete actions: the space's ``start`` per component (env action = index + start)."""
+
+    def to_env(self, actions: np.ndarray) -> np.ndarray:
+        """Policy actions ``[N, act_dim]`` -> what ``env.step`` takes: clipped to the bounds (Box),
+        or integer choices (Discrete: ``[N]``; MultiDiscrete: ``[N, act_dim]``)."""
+        if not self.nvec:
+            return np.clip(actions, self.act_low, self.act_high)
+        idx = np.rint(actions).astype(np.int64) + self.act_start
+        return idx[..., 0] if self.act_start.ndim == 0 else idx
 
 
-def make_vector_env(env_id: str, num_envs: int, mode: str = "sync") -> gym.vector.VectorEnv:
+def import_env_module(env_id: str) -> str:
+    """Import the module of a ``module:EnvId`` id (it registers the env); return the bare id."""
+    module, sep, name = env_id.rpartition(":")
+    if not sep:
+        return env_id
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise ValueError(f"cannot import {module!r}, the module of environment {env_id!r}: {e}") from e
+    return name
+
+
+def registered_spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    """The registered spec of ``env_id`` (its module imported first); gym.error.Error if none."""
+    return gym.spec(import_env_module(env_id))
+
+
+def wrapper_fns(names: Sequence[str]) -> list[Callable[[gym.Env], gym.Env]]:
+    """The wrappers named ``names``; ValueError naming the choices for an unknown one."""
+    unknown = [n for n in names if n not in WRAPPERS]
+    if unknown:
+        raise ValueError(f"unknown wrapper(s) {unknown}; choose from {sorted(WRAPPERS)}")
+    return [WRAPPERS[n] for n in names]
+
+
+def make_vector_env(env_id: str, num_envs: int, mode: str = "sync",
+                    wrappers: Sequence[str] = ()) -> gym.vector.VectorEnv:
     """A vector env with same-step autoreset: a finished episode's true last observation is in
     ``info["final_obs"]`` and the returned obs is already the reset one."""
+    fns = wrapper_fns(wrappers)
+    import_env_module(env_id)
     try:
         return gym.make_vec(
             env_id, num_envs=num_envs, vectorization_mode=mode,
-            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, wrappers=fns or None,
         )
     except gym.error.Error as e:
         raise ValueError(f"cannot make environment {env_id!r}: {e}") from e
 
 
-def spec_of(env: gym.vector.VectorEnv, env_id: str) -> EnvSpec:
-    obs_space, act_space = env.single_observation_space, env.single_action_space
-    if not isinstance(act_space, gym.spaces.Box) or not isinstance(obs_space, gym.spaces.Box):
-        raise ValueError(f"{env_id}: rlstream's policies need Box observation and action spaces")
-    if len(obs_space.shape) != 1 or len(act_space.shape) != 1:
-        raise ValueError(f"{env_id}: flat observation and action vectors are required")
-    return EnvSpec(env_id, int(obs_space.shape[0]), int(act_space.shape[0]),
+def spec_of(env: gym.vector.VectorEnv | gym.Env, env_id: str) -> EnvSpec:
+    """The spaces of ``env`` (a vector env's single ones) as an EnvSpec; ValueError if unsupported."""
+    obs_space = getattr(env, "single_observation_space", env.observation_space)
+    act_space = getattr(env, "single_action_space", env.action_space)
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        raise ValueError(f"{env_id}: rlstream's policies need a flat Box observation space, not {obs_space} "
+                         "(--wrappers flatten_obs flattens Discrete/Dict/Tuple observations)")
+    obs_dim = int(obs_space.shape[0])
+    if isinstance(act_space, gym.spaces.Discrete):
+        return EnvSpec(env_id, obs_dim, 1, np.zeros(1, np.float32), np.full(1, act_space.n - 1, np.float32),
+                       nvec=(int(act_space.n),), act_start=np.asarray(act_space.start, np.int64))
+    if isinstance(act_space, gym.spaces.MultiDiscrete) and act_space.nvec.ndim == 1:
+        nvec = tuple(int(n) for n in act_space.nvec)
+        return EnvSpec(env_id, obs_dim, len(nvec), np.zeros(len(nvec), np.float32),
+                       np.asarray(nvec, np.float32) - 1, nvec=nvec,
+                       act_start=np.asarray(act_space.start, np.int64).reshape(len(nvec)))
+    if not isinstance(act_space, gym.spaces.Box) or len(act_space.shape) != 1:
+        raise ValueError(f"{env_id}: rlstream's policies need a flat Box, Discrete or MultiDiscrete "
+                         f"action space, not {act_space}")
+    return EnvSpec(env_id, obs_dim, int(act_space.shape[0]),
                    act_space.low.astype(np.float32), act_space.high.astype(np.float32))
 
 
-def env_dims(env_id: str) -> EnvSpec:
-    env = make_vector_env(env_id, 1)
+def env_dims(env_id: str, wrappers: Sequence[str] = ()) -> EnvSpec:
+    env = make_vector_env(env_id, 1, wrappers=wrappers)
     try:
         return spec_of(env, env_id)
     finally:

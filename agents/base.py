@@ -52,6 +52,9 @@ class PolicyConfig:
     """Global gradient-norm clip; <= 0 disables it."""
     seed: int = 0
     """Seed of the learner-side generator (minibatch shuffling)."""
+    action_nvec: tuple[int, ...] = ()
+    """Discrete actions: choices per action component (categorical head; set from the env's
+    Discrete/MultiDiscrete space by the wiring). Empty: continuous actions, Gaussian head."""
 
 
 def build_policy(config: PolicyConfig, obs_dim: int, act_dim: int) -> Policy:
@@ -64,6 +67,7 @@ def build_policy(config: PolicyConfig, obs_dim: int, act_dim: int) -> Policy:
         init_log_std=config.init_log_std,
         normalize_obs=config.normalize_obs,
         obs_clip=config.obs_clip,
+        nvec=config.action_nvec or None,
     )
 
 

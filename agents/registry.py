@@ -44,8 +44,9 @@ def make_config(name: str, config_overrides: Optional[Mapping[str, Any]] = None)
     unknown = set(overrides) - fields
     if unknown:
         raise ValueError(f"unknown {config_cls.__name__} fields: {sorted(unknown)}")
-    if "hidden" in overrides:
-        overrides["hidden"] = tuple(overrides["hidden"])  # lists from YAML/JSON
+    for key in ("hidden", "action_nvec"):
+        if key in overrides:
+            overrides[key] = tuple(overrides[key])  # lists from YAML/JSON
     return config_cls(**overrides)
 
 

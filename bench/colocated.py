@@ -50,7 +50,7 @@ class _DirectPolicy:
 
 def peer_loop(cfg: TrainConfig, train: bool) -> dict:
     info = wiring.env_info(cfg)
-    algo = wiring.build_algo(cfg, info.obs_dim, info.act_dim)
+    algo = wiring.build_algo(cfg, info.obs_dim, info.act_dim, info.nvec)
     env = make_vector_env(cfg.env_id, cfg.num_envs)
     acfg = ActorConfig(env_id=cfg.env_id, num_envs=cfg.num_envs, fragment_steps=cfg.effective_fragment_steps(),
                        seed=cfg.seed)
@@ -141,7 +141,7 @@ def latency_probe(cfg: TrainConfig, n: int = 300) -> dict:
     bus = wiring.build_bus(cfg.bus)
     events = wiring.build_events(bus, None)
     info = wiring.env_info(cfg)
-    learner = Learner(LearnerConfig(), wiring.build_algo(cfg, info.obs_dim, info.act_dim), events)
+    learner = Learner(LearnerConfig(), wiring.build_algo(cfg, info.obs_dim, info.act_dim, info.nvec), events)
     learner.start(resume=False)
     got: list[float] = []
     sub = PolicySubscriber(events, "policy", "probe", on_latency=got.append)

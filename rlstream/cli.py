@@ -28,6 +28,17 @@ def _kv(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
+def _names(csv: str) -> tuple[str, ...]:
+    from actor.envs import wrapper_fns
+
+    names = tuple(n.strip() for n in csv.split(",") if n.strip())
+    try:
+        wrapper_fns(names)
+    except ValueError as e:
+        raise SystemExit(f"--wrappers: {e}") from e
+    return names
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bus", choices=["memory", "kafka"], default=None,
                    help="bus backend (default: memory for colocated, kafka otherwise; env RLSTREAM_BUS)")
@@ -46,7 +57,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 def _add_training(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algo", default="ppo", choices=["ppo", "grpo", "dapo", "agro", "tba"])
-    p.add_argument("--env", dest="env_id", default="HalfCheetah-v5")
+    p.add_argument("--env", dest="env_id", default="HalfCheetah-v5",
+                   help="gymnasium id; module:EnvId-v0 imports the module (your package) first")
+    p.add_argument("--wrappers", default="", metavar="A,B",
+                   help="per-env gymnasium wrappers: normalize_obs, normalize_reward, clip_reward, flatten_obs")
     p.add_argument("--total-steps", type=int, default=100_000)
     p.add_argument("--num-actors", type=int, default=1)
     p.add_argument("--num-envs", type=int, default=None,
@@ -62,7 +76,10 @@ def _add_training(p: argparse.ArgumentParser) -> None:
     p.add_argument("--snapshot-store", default=None, help="path, file:// or redis:// URL")
     p.add_argument("--snapshot-every", type=int, default=10)
     p.add_argument("--resume", action="store_true", help="resume from the newest snapshot")
-    p.add_argument("--plot", action="store_true", help="write <run-dir>/returns.png")
+    p.add_argument("--plot", action=argparse.BooleanOptionalAction, default=True,
+                   help="write <run-dir>/returns.png (default: on)")
+    p.add_argument("--tensorboard", nargs="?", const="", default="", metavar="DIR",
+                   help="TensorBoard event files, one run per role (default: <run-dir>/tb; 'off' disables)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-versions", type=int, default=None, help="staleness window K")
     p.add_argument("--max-ms", type=int, default=None, help="staleness window T (ms)")
@@ -137,6 +154,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", type=Path, default=Path("runs/latest"))
     p.add_argument("--snapshot-store", default=None)
 
+    p = sub.add_parser("eval", help="mean and std return of a recorded policy version")
+    p.add_argument("run", type=Path, nargs="?", default=Path("runs/latest"), help="run directory (default: runs/latest)")
+    p.add_argument("--version", type=int, default=None, help="policy version (default: the newest recorded)")
+    p.add_argument("--episodes", type=int, default=10)
+    p.add_argument("--deterministic", action="store_true", help="mean (Gaussian) / most likely (categorical) action")
+    p.add_argument("--env", dest="env_id", default=None, help="default: the env the run trained on")
+    p.add_argument("--wrappers", default=None, metavar="A,B", help="default: the run's wrappers")
+    p.add_argument("--video", type=Path, default=None, metavar="DIR", help="record the first episode here")
+    p.add_argument("--seed", type=int, default=0)
+
     sub.add_parser("broker", help="local Apache Kafka broker (start|stop|status|fetch)", add_help=False)
     assert set(sub.choices) == set(KNOWN_COMMANDS), "CLI and rlstream.obs.ports.KNOWN_COMMANDS disagree"
     return parser
@@ -201,8 +228,10 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
         streams_overrides["max_versions"] = a.max_versions
     if a.max_ms is not None:
         streams_overrides["max_ms"] = a.max_ms
+    tensorboard = None if a.tensorboard == "off" else (a.tensorboard or str(run_dir / "tb"))
     return TrainConfig(
-        mode=mode, algo=a.algo, env_id=a.env_id, total_steps=a.total_steps,
+        mode=mode, algo=a.algo, env_id=a.env_id, wrappers=_names(a.wrappers), tensorboard=tensorboard,
+        total_steps=a.total_steps,
         num_actors=a.num_actors, num_envs=a.num_envs, fragment_steps=a.fragment_steps,
         train_batch_size=a.train_batch_size, seed=a.seed, group_size=a.group_size,
         algo_overrides=_kv(a.set), run_dir=run_dir, run_id=run_id, snapshot_store=a.snapshot_store,
@@ -268,7 +297,10 @@ def cmd_train(a: argparse.Namespace) -> int:
         except ChildExited as e:
             print(f"error: {e}", file=sys.stderr, flush=True)
             return 1
+    from rlstream.progress import verdict
+
     print(json.dumps({"summary": summary}, indent=2))
+    print(verdict(summary), flush=True)
     return 0
 
 
@@ -345,6 +377,21 @@ def cmd_rollback(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(a: argparse.Namespace) -> int:
+    from rlstream.evaluate import EvalError, evaluate, format_result
+
+    wrappers = None if a.wrappers is None else _names(a.wrappers)
+    try:
+        result = evaluate(a.run, version=a.version, episodes=a.episodes, deterministic=a.deterministic,
+                          env_id=a.env_id, wrappers=wrappers, video_dir=a.video, seed=a.seed)
+    except (EvalError, ValueError) as e:
+        print(f"eval failed: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
+    print(format_result(result), flush=True)
+    return 0
+
+
 def cmd_serve(a: argparse.Namespace) -> int:
     from rlstream.serve import serve
 
@@ -360,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         return broker_main(argv[1:])
     a = build_parser().parse_args(argv)
     handlers = {"train": cmd_train, "actor": cmd_role, "learner": cmd_role, "subscribe": cmd_subscribe,
-                "replay": cmd_replay, "rollback": cmd_rollback, "serve": cmd_serve}
+                "replay": cmd_replay, "rollback": cmd_rollback, "serve": cmd_serve, "eval": cmd_eval}
     return handlers[a.command](a)
 
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 from typing import Any
 
 from rlstream import wiring
 from rlstream.config import TrainConfig
 from rlstream.obs.logging import bind_policy_version
 from rlstream.obs.metrics import Metrics
+from rlstream.obs.tensorboard import TensorBoardRun
 from rlstream.progress import Progress
 from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW
 
@@ -23,24 +25,34 @@ from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_P
 def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | None = None,
                   metrics: Metrics | None = None, bus=None) -> dict[str, Any]:
     stop = stop or threading.Event()
+    if cfg.torch_threads:
+        import torch
+
+        torch.set_num_threads(cfg.torch_threads)
     metrics = metrics or Metrics(role="colocated")
     bus = bus or wiring.build_bus(cfg.bus)
     events = wiring.build_events(bus, metrics)
     info = wiring.env_info(cfg)
-    algo = wiring.build_algo(cfg, info.obs_dim, info.act_dim)
+    algo = wiring.build_algo(cfg, info.obs_dim, info.act_dim, info.nvec)
     progress = Progress(total_steps=cfg.total_steps, log_every_s=cfg.log_every_s, log=log)
 
     learner_ref: dict[str, Any] = {}
+    tb_actor = TensorBoardRun(cfg.tensorboard, cfg.effective_run_id(), "actor")
+    tb_learner = TensorBoardRun(cfg.tensorboard, cfg.effective_run_id(), "learner")
 
     def on_batch(batch, seconds: float) -> None:
         lr = learner_ref.get("learner")
         lag = (lr.version - batch.policy_version) if lr is not None else 0
         progress.on_batch(batch.size, batch.episode_returns, lag)
+        tb_actor.episodes(progress.steps, batch.episode_returns, batch.episode_lengths)
+        tb_actor.sps(progress.steps)
 
     def on_update(learner, m, seconds) -> None:
         progress.updates = learner.stats.updates
         progress.version = learner.version
         bind_policy_version(learner.version)
+        tb_learner.losses(progress.steps, m)
+        tb_learner.sps(progress.steps)
 
     learner = wiring.build_learner(cfg, events, metrics, algo, on_update=on_update)
     learner_ref["learner"] = learner
@@ -70,10 +82,12 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
             learner.snapshot()
         learner.close()
         worker.close()
+        tb_actor.close()
+        tb_learner.close()
     summary = progress.summary()
     stats = worker.prepare.stats.as_dict()
     summary.update({
-        "mode": "colocated", "algo": cfg.algo, "env": cfg.env_id,
+        "mode": "colocated", "algo": cfg.algo, "env": cfg.env_id, "wrappers": list(cfg.wrappers),
         "events": {t: sum(bus.end_offsets(t).values())
                    for t in (POLICY_VERSIONS, SAMPLES_RAW, SAMPLES_PREPARED, LEARNER_STEPS, DEADLETTER)},
         "streams": stats,
@@ -81,5 +95,7 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
         "env_rejected_fragments": sum(a.rejected for a in actors),
     })
     summary.update(progress.write(cfg.run_dir, cfg.plot, f"{cfg.algo} on {cfg.env_id} (co-located)"))
+    if cfg.tensorboard:
+        summary["tensorboard"] = str(Path(cfg.tensorboard) / cfg.effective_run_id())
     (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -93,8 +93,10 @@ def episode_horizon(env_id: str, default: int = 1000) -> int:
     """The env's registered ``max_episode_steps`` (``default`` when it has none)."""
     import gymnasium as gym
 
+    from actor.envs import registered_spec
+
     try:
-        steps = gym.spec(env_id).max_episode_steps
+        steps = registered_spec(env_id).max_episode_steps
     except gym.error.Error:
         return default
     return int(steps) if steps else default
@@ -107,7 +109,9 @@ class TrainConfig:
     algo: str = "ppo"
     """ppo, grpo, dapo, agro, tba."""
     env_id: str = "HalfCheetah-v5"
-    """Gymnasium env id."""
+    """Gymnasium env id (``module:EnvId-v0`` imports the module first)."""
+    wrappers: tuple[str, ...] = ()
+    """Per-env gymnasium wrappers by name (``actor.envs.WRAPPERS``)."""
     total_steps: int = 100_000
     """Environment steps to train for (summed over envs and actors)."""
     num_actors: int = 1
@@ -135,8 +139,10 @@ class TrainConfig:
     """Updates between snapshots."""
     resume: bool = False
     """Resume from the newest snapshot (and committed offsets)."""
-    plot: bool = False
+    plot: bool = True
     """Write <run_dir>/returns.png (return vs steps)."""
+    tensorboard: str | None = None
+    """TensorBoard log directory (each role writes its own run under it); None: off."""
     metrics_port: int | None = None
     """Prometheus/health port; None: the role default; -1: no server."""
     log_every_s: float = 5.0

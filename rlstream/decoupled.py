@@ -20,6 +20,7 @@ from rlstream import wiring
 from rlstream.config import TrainConfig
 from rlstream.obs.logging import bind_policy_version
 from rlstream.obs.metrics import Metrics
+from rlstream.obs.tensorboard import TensorBoardRun
 from rlstream.obs.ports import (
     ENV_ALGO,
     ENV_KAFKA_BROKERS,
@@ -88,11 +89,14 @@ def run_actor(cfg: TrainConfig, index: int, log: Any = None, stop: threading.Eve
     progress = Progress(total_steps=cfg.actor_budget(), log_every_s=cfg.log_every_s, log=log, extra=stall,
                         state_path=state_path(cfg, f"actor-{index}"))
     latencies: deque[float] = deque(maxlen=100_000)
+    tb = TensorBoardRun(cfg.tensorboard, cfg.effective_run_id(), f"actor-{index}")
 
     def on_batch(batch, seconds: float) -> None:
         progress.on_batch(batch.size, batch.episode_returns, 0)
         progress.version = batch.policy_version
         bind_policy_version(batch.policy_version)
+        tb.episodes(progress.steps, batch.episode_returns, batch.episode_lengths)
+        tb.sps(progress.steps)
 
     actor = wiring.build_actor(cfg, events, metrics, index, on_batch=on_batch, log=log, flow=flow,
                                on_latency=latencies.append)
@@ -113,7 +117,11 @@ def run_actor(cfg: TrainConfig, index: int, log: Any = None, stop: threading.Eve
         actor.close()
         bus.flush()
         bus.close()
-    return {"role": "actor", "actor_id": actor.config.actor_id, "steps": progress.steps, "seq": actor.seq,
+        tb.close()
+    learning = {k: v for k, v in progress.summary().items() if k in ("return_mean20", "first_returns_mean")}
+    learning.update(progress.write(cfg.run_dir / f"actor-{index}", cfg.plot,
+                                   f"{cfg.algo} on {cfg.env_id} (decoupled, actor-{index})"))
+    return {"role": "actor", "actor_id": actor.config.actor_id, "steps": progress.steps, "seq": actor.seq, **learning,
             "rejected_fragments": actor.rejected, "policy_versions_adopted": actor.subscriber.adopted,
             "flow": flow.stats(), "policy_latency_ms": quantiles_ms(latencies)}
 
@@ -128,7 +136,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
     bus = wiring.build_bus(cfg.bus)
     events = wiring.build_events(bus, metrics)
     info = wiring.env_info(cfg)
-    algo = wiring.build_algo(cfg, info.obs_dim, info.act_dim)
+    algo = wiring.build_algo(cfg, info.obs_dim, info.act_dim, info.nvec)
     last_update = [time.monotonic()]
 
     def idle() -> dict[str, Any]:  # a learner without data for long is the sign of a stalled run
@@ -139,6 +147,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
     breaker = CircuitBreaker(open_above=cfg.breaker_open_above, close_below=cfg.breaker_close_below,
                              min_open_s=1.0, on_change=metrics.circuit_breaker_hook())
     lag = _consumer_lag_gauge(metrics, bus, STREAMS_GROUP, SAMPLES_RAW)
+    tb = TensorBoardRun(cfg.tensorboard, cfg.effective_run_id(), "learner")
 
     def on_update(learner, m, seconds) -> None:
         progress.updates = learner.stats.updates
@@ -146,6 +155,8 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
         progress.steps = learner.stats.samples_trained
         last_update[0] = time.monotonic()
         bind_policy_version(learner.version)
+        tb.losses(progress.steps, m)
+        tb.sps(progress.steps)
 
     learner = wiring.build_learner(cfg, events, metrics, algo, on_update=on_update, breaker=breaker,
                                    lag_signal=lag)
@@ -170,6 +181,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
         learner.close()
         bus.flush()
         bus.close()
+        tb.close()
     return {"role": "learner", "updates": learner.stats.updates, "final_version": learner.version,
             "policy_id": cfg.policy_id, "wall_s": round(time.perf_counter() - started, 3),
             "samples_trained": learner.stats.samples_trained,
@@ -189,6 +201,7 @@ def _role_cmd(role: str, cfg: TrainConfig, extra: list[str]) -> list[str]:
             "--run-id", cfg.effective_run_id(), "--namespace", cfg.bus.namespace,
             "--actor-steps", str(cfg.actor_budget()), "--max-steps-ahead", str(cfg.steps_ahead_bound()),
             "--metrics-port", "-1", "--log-json"]
+    base += ["--wrappers", ",".join(cfg.wrappers), "--tensorboard", cfg.tensorboard or "off"]
     if cfg.fragment_steps:
         base += ["--fragment-steps", str(cfg.fragment_steps)]
     if cfg.max_batches_per_version:

@@ -25,12 +25,13 @@ DEFAULT_INLINE_LIMIT = 4 * 1024 * 1024
 
 
 def arch_of(policy: Policy) -> dict[str, Any]:
-    hidden = [m.out_features for m in policy.net.actor_mean if isinstance(m, torch.nn.Linear)][:-1]
-    act_name = next(
-        (type(m).__name__.lower() for m in policy.net.actor_mean if not isinstance(m, torch.nn.Linear)), "tanh"
-    )
+    body = policy.net.actor_body
+    hidden = [m.out_features for m in body if isinstance(m, torch.nn.Linear)][:-1]
+    act_name = next((type(m).__name__.lower() for m in body if not isinstance(m, torch.nn.Linear)), "tanh")
+    extra = {"nvec": list(policy.nvec)} if policy.nvec else {}
     return {
-        "kind": "gaussian_mlp",
+        "kind": "categorical_mlp" if policy.nvec else "gaussian_mlp",
+        **extra,
         "obs_dim": policy.obs_dim,
         "act_dim": policy.act_dim,
         "hidden": hidden,
@@ -41,13 +42,15 @@ def arch_of(policy: Policy) -> dict[str, Any]:
 
 
 def _arch_dims(arch: Any) -> list[int]:
-    """[obs_dim, *hidden, act_dim] of a gaussian_mlp architecture; InvalidEventError if it is not one."""
+    """[obs_dim, *hidden, actor outputs] of a gaussian_mlp (outputs: act_dim) or categorical_mlp
+    (outputs: sum(nvec)) architecture; InvalidEventError if it is neither."""
     if not isinstance(arch, dict):
         raise InvalidEventError(f"policy architecture must be an object, not {type(arch).__name__}")
-    if arch.get("kind") != "gaussian_mlp":
+    if arch.get("kind") not in ("gaussian_mlp", "categorical_mlp"):
         raise InvalidEventError(f"unsupported policy architecture {arch.get('kind')!r}")
     try:
-        dims = [int(arch["obs_dim"]), *(int(h) for h in arch["hidden"]), int(arch["act_dim"])]
+        out = sum(int(n) for n in arch["nvec"]) if arch["kind"] == "categorical_mlp" else int(arch["act_dim"])
+        dims = [int(arch["obs_dim"]), *(int(h) for h in arch["hidden"]), out]
     except (KeyError, TypeError, ValueError) as e:
         raise InvalidEventError(f"bad policy architecture {arch}: {e}") from e
     if any(d <= 0 for d in dims):
@@ -67,11 +70,12 @@ def policy_from_arch(arch: dict[str, Any], max_params: int | None = None) -> Pol
     try:
         return Policy(
             obs_dim=dims[0],
-            act_dim=dims[-1],
+            act_dim=int(arch["act_dim"]),
             hidden=tuple(dims[1:-1]),
             activation=str(arch.get("activation", "tanh")),
             normalize_obs=bool(arch.get("normalize_obs", True)),
             obs_clip=arch.get("obs_clip", 10.0),
+            nvec=arch.get("nvec") if arch["kind"] == "categorical_mlp" else None,
         )
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         raise InvalidEventError(f"bad policy architecture {arch}: {e}") from e

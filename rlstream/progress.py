@@ -136,5 +136,20 @@ def read_state(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def verdict(summary: dict[str, Any]) -> str:
+    """One line: mean return of the first episodes -> of the last 20, and where the plot is.
+    ``summary``: a co-located run's, or a decoupled one's (its first actor's figures)."""
+    src = summary
+    if summary.get("mode") == "decoupled":
+        src = summary.get("processes", {}).get("actor-0", {})
+    first, last = src.get("first_returns_mean"), src.get("return_mean20")
+    if first is None or last is None:
+        learned = "no episode finished: raise --total-steps to see learning"
+    else:
+        learned = f"return {first:.1f} (first episodes) -> {last:.1f} (last 20 episodes)"
+    where = f"plot: {src['plot']}" if src.get("plot") else "no plot (--plot)"
+    return f"verdict: {learned}; {where}"
+
+
 def _mean(xs: list[float]) -> float | None:
     return round(sum(xs) / len(xs), 2) if xs else None

@@ -50,10 +50,13 @@ def build_events(bus: Bus, metrics: Metrics | None, publish_schemas: bool = True
     return events
 
 
-def build_algo(cfg: TrainConfig, obs_dim: int, act_dim: int):
+def build_algo(cfg: TrainConfig, obs_dim: int, act_dim: int, nvec: tuple[int, ...] = ()):
+    """The algorithm of ``cfg``; ``nvec``: discrete action choices (categorical policy head)."""
     from agents.registry import make_algorithm
 
     overrides = dict(cfg.algo_overrides)
+    if nvec:
+        overrides["action_nvec"] = tuple(nvec)
     overrides.setdefault("seed", cfg.seed)
     if cfg.algo == "ppo" and "total_updates" not in overrides:
         overrides["total_updates"] = max(1, cfg.total_steps // cfg.train_batch_size)
@@ -152,7 +155,7 @@ def build_actor(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, ind
         raise ValueError(f"--num-envs {num_envs} must be a multiple of the group size {g} for {cfg.algo}")
     acfg = ActorConfig(actor_id=f"actor-{index}", env_id=cfg.env_id, num_envs=num_envs,
                        fragment_steps=cfg.effective_fragment_steps(), seed=cfg.seed * 7919 + index,
-                       group_size=g, swap_every=SWAP_EVERY if (cfg.mode == "decoupled" and not g
+                       group_size=g, wrappers=tuple(cfg.wrappers), swap_every=SWAP_EVERY if (cfg.mode == "decoupled" and not g
                                                                and not is_on_policy(cfg.algo)) else 0)
     return Actor(acfg, sub, events, on_batch=batch_hook, on_reject=on_reject, flow=flow)
 
@@ -193,15 +196,18 @@ def build_learner(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, a
 class EnvInfo:
     obs_dim: int
     act_dim: int
+    nvec: tuple[int, ...] = ()
+    """Discrete actions: choices per component (pass to ``build_algo``)."""
 
 
 def env_info(cfg: TrainConfig) -> EnvInfo:
-    spec = env_dims(cfg.env_id)
-    return EnvInfo(spec.obs_dim, spec.act_dim)
+    spec = env_dims(cfg.env_id, cfg.wrappers)
+    return EnvInfo(spec.obs_dim, spec.act_dim, spec.nvec)
 
 
 def describe(cfg: TrainConfig) -> dict[str, Any]:
-    return {"mode": cfg.mode, "algo": cfg.algo, "env": cfg.env_id, "total_steps": cfg.total_steps,
+    return {"mode": cfg.mode, "algo": cfg.algo, "env": cfg.env_id, "wrappers": list(cfg.wrappers),
+            "total_steps": cfg.total_steps,
             "num_actors": cfg.num_actors, "num_envs": cfg.num_envs,
             "fragment_steps": cfg.effective_fragment_steps(), "train_batch_size": cfg.train_batch_size,
             "group_size": group_size(cfg)}

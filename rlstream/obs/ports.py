@@ -90,6 +90,7 @@ KNOWN_COMMANDS: tuple[str, ...] = (
     "subscribe",
     "broker",
     "rollback",
+    "eval",
 )
 
 #: The role whose port each long-running command uses.

@@ -19,7 +19,7 @@ def summary_from_text(text: str) -> dict | None:
     pretty-printed one ``rlstream train`` ends its stdout with; None if there is none."""
     start = text.rfind('{\n  "summary"')
     if start >= 0:
-        return json.loads(text[start:])["summary"]
+        return json.JSONDecoder().raw_decode(text[start:])[0]["summary"]  # a verdict line may follow
     for line in reversed(text.splitlines()):
         if line.startswith('{"summary"'):
             return json.loads(line)["summary"]
