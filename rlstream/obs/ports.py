@@ -85,6 +85,9 @@ KNOWN_COMMANDS: tuple[str, ...] = (
     "subscribe",
     "broker",
     "rollback",
+    "verify",
+    "fork",
+    "lineage",
 )
 
 #: The role whose port each long-running command uses.

@@ -125,7 +125,8 @@ class Replay:
         self.run = run
         self.version = run.first_version
         self.prov = run.provenance(self.version)
-        self.algo = self._initial(snapshots, device)
+        with recorded_threads(self.prov.get("determinism", {})):  # init kernels (QR) split by threads too
+            self.algo = self._initial(snapshots, device)
         self.stream_ids = StreamIds()
 
     def _initial(self, snapshots: str | Path | None, device: str) -> Algorithm:
