@@ -23,7 +23,8 @@ def test_env_var_names() -> None:
 
 
 def test_known_commands_and_roles() -> None:
-    assert ports.KNOWN_COMMANDS == ("train", "actor", "learner", "serve", "replay", "subscribe", "broker", "rollback")
+    assert ports.KNOWN_COMMANDS == ("train", "actor", "learner", "serve", "replay", "subscribe", "broker", "rollback",
+                                   "verify", "fork", "lineage")
     for cmd, role in ports.COMMAND_ROLES.items():
         assert cmd in ports.KNOWN_COMMANDS
         assert role in ports.DEFAULT_PORTS
