@@ -73,3 +73,32 @@ def test_lineage_counts_match_the_run_summary(colocated_run):
     assert p.returncode == 0 and json.loads(p.stdout)["num_batches"] == lin["num_batches"]
     p = cli("lineage", str(run_dir), "--version", "2")
     assert p.returncode == 0 and "2 gradient steps from version 0, 2 batches" in p.stdout, p.stdout + p.stderr
+
+
+def test_lineage_lists_what_was_dead_lettered_before_the_version_with_its_reason(colocated_run, tmp_path):
+    from schemas.codec import Codec
+    from schemas.events import DeadLetter
+    from streams.bus import make_bus
+    from streams.topics import DEADLETTER, SAMPLES_RAW
+
+    from .recorded import copy_run
+
+    run_dir = copy_run(colocated_run[0], tmp_path / "run")
+    run = load(run_dir)
+    v1, v2 = run.versions[1][1], run.versions[2][1]
+    raw = run.raw[run.steps[0][1].batch_ids[0]]
+    codec = Codec()
+    # a stale copy of a raw batch, dead-lettered by the processors between versions 1 and 2
+    dl = DeadLetter(topic=SAMPLES_RAW, partition=raw.partition, offset=raw.offset, value=raw.value,
+                    reason="stale_versions", error_class="PolicyStalenessError", stage="streams",
+                    occurred_at_ms=(v1.created_at_ms + v2.created_at_ms) // 2, detail="3 versions behind")
+    bus = make_bus("memory", path=str(run_dir / "log"))
+    bus.produce(DEADLETTER, codec.encode(dl), key=raw.key, headers=codec.headers_for(dl))
+    bus.flush()
+    bus.close()
+    run = load(run_dir)
+    assert lineage(run, 1)["dropped"] == []
+    lin = lineage(run, 2)
+    assert lin["dropped_by_reason"] == {"stale_versions": 1}
+    (d,) = lin["dropped"]
+    assert d["batch_id"] == run.steps[0][1].batch_ids[0] and d["stage"] == "streams" and d["detail"] == "3 versions behind"

@@ -61,6 +61,13 @@ def test_serve_pinned_to_a_time_answers_with_that_version(run_copy):
             assert json.loads(r.read())["policy_version"] == 2
 
 
+def test_serve_command_refuses_a_pin_that_matches_no_version(run_copy):
+    from .test_verify_colocated import cli
+
+    p = cli("serve", "--log-dir", str(run_copy / "log"), "--version", "99", "--port", "0", "--metrics-port", "-1")
+    assert p.returncode == 2 and "no version 99 of policy 'policy'" in p.stderr, p.stderr[-2000:]
+
+
 def test_parse_at_reads_clock_times_iso_and_epoch_ms():
     assert parse_at("1700000000000") == 1_700_000_000_000
     assert parse_at("2026-12-03T14:02:00+00:00") == int(dt.datetime(2026, 12, 3, 14, 2, tzinfo=dt.timezone.utc)
