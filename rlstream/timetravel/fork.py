@@ -7,8 +7,8 @@ directory gets its own event log: version V (the same weights, provenance naming
 run and version), a snapshot of V, and the parent's PreparedBatch records after V verbatim,
 delivered to a real ``Learner`` (``--set`` overrides applied to the algorithm's config) one
 recorded step at a time, then the ones still in flight when the parent stopped. With identical
-settings its versions V+1, V+2 ... are the parent's, bit for bit. ``rlstream train --resume
---run-dir <fork>`` continues it live with actors.
+settings its versions V+1, V+2 ... are the parent's, bit for bit. The fork ends with a
+snapshot of its newest version.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def open_bus(run: str | Path | None, bus: BusConfig | None = None) -> tuple[Bus,
         log = path / "log" if (path / "log" / "_topics.json").exists() else path
         if not (log / "_topics.json").exists():
             raise RunNotFound(f"no event log at {path} (expected {path}/log/_topics.json)")
-        return make_bus("memory", path=str(log)), str(path)
+        return make_bus("memory", path=str(log)), str(path.resolve())  # a fork records it: absolute
     if bus is None or bus.kind != "kafka":
         raise RunNotFound("give a run directory, or --bus kafka for a decoupled run")
     return make_bus("kafka", bootstrap=bus.bootstrap), f"kafka://{bus.bootstrap}"
