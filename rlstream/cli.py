@@ -78,12 +78,13 @@ def _add_training(p: argparse.ArgumentParser) -> None:
 
 def _add_time_travel(sub) -> None:
     """``verify``, ``fork`` and ``lineage`` (rlstream.timetravel): tools over a recorded run."""
-    def run_args(p: argparse.ArgumentParser) -> None:
+    def run_args(p: argparse.ArgumentParser, report: bool = True) -> None:
         _add_common(p)
         p.add_argument("run", nargs="?", type=Path, default=None,
                        help="a co-located run directory (runs/<id>); omit with --bus kafka")
         p.add_argument("--policy-id", default="policy")
-        p.add_argument("--json", action="store_true", help="JSON instead of the human report")
+        if report:
+            p.add_argument("--json", action="store_true", help="JSON instead of the human report")
 
     p = sub.add_parser("verify", help="retrain a run from its log and check every version bit for bit")
     run_args(p)
@@ -91,7 +92,7 @@ def _add_time_travel(sub) -> None:
                    help="snapshots of a fork or resumed run's first version (default: RUN/snapshots)")
 
     p = sub.add_parser("fork", help="start a new run from version V of a recorded run")
-    run_args(p)
+    run_args(p, report=False)
     p.add_argument("--from-version", type=int, required=True)
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="algorithm config override")
     p.add_argument("--train-batch-size", type=int, default=None, help="default: the parent's")
@@ -378,7 +379,7 @@ def cmd_time_travel(a: argparse.Namespace) -> int:
                             train_batch_size=a.train_batch_size, run_id=new_id, parent_snapshots=snapshots)
         print(json.dumps({"fork": summary}, indent=2))
         return 0
-    except (record.RunNotFound, verify.ReplayError, fork.ForkError, lineage.LineageError) as e:
+    except (record.RunNotFound, verify.ReplayError, fork.ForkError, lineage.LineageError, ValueError) as e:
         print(f"{a.command}: {e}", file=sys.stderr)
         return 2
 
