@@ -137,7 +137,10 @@ class Replay:
             from learner.snapshots import open_store
 
             store = open_store(snapshots, keep_last=None) if snapshots else None
-            state = store.load_state(self.version) if store and self.version in store.versions() else None
+            # a fork's first version is V itself; a resumed run's republishes its parent's snapshot
+            wanted = [self.version] if self.prov.get("fork_of") else [self.version, pv.parent_version]
+            have = [v for v in wanted if store is not None and v in store.versions()]
+            state = store.load_state(have[0]) if have else None
             if state is None:
                 raise ReplayError(f"version {self.version} starts from a snapshot "
                                   f"(parent {pv.parent_version}, fork_of {self.prov.get('fork_of')}); "

@@ -78,3 +78,21 @@ def test_verify_reports_a_missing_batch(colocated_run, tmp_path):
     assert report.divergence is not None and report.divergence.reason == MISSING
     assert report.divergence.version == lost.to_version and report.checked == list(range(lost.to_version))
     assert gone.offset == 1 and "not in the log" in report.divergence.detail
+
+
+def test_verify_a_resumed_run_from_the_snapshot_it_restored(colocated_run, tmp_path):
+    from rlstream.colocated import run_colocated
+    from rlstream.config import BusConfig, TrainConfig
+
+    from .recorded import BATCH, ENV_ID, OVERRIDES
+
+    run_dir = copy_run(colocated_run[0], tmp_path / "resumed")
+    cfg = TrainConfig(env_id=ENV_ID, total_steps=(UPDATES + 1) * BATCH, train_batch_size=BATCH, seed=5,
+                      run_dir=run_dir, run_id="resumed", log_every_s=1e9, algo_overrides=dict(OVERRIDES),
+                      resume=True, bus=BusConfig(log_dir=str(run_dir / "log")))
+    summary = run_colocated(cfg)
+    assert summary["final_policy_version"] == UPDATES + 2  # a republished snapshot, then one update
+    run = load(run_dir)
+    assert run.run_id == "resumed" and run.versions[UPDATES + 1][1].parent_version == UPDATES
+    report = verify(run, run_dir / "snapshots")
+    assert report.ok and report.checked == [UPDATES + 1, UPDATES + 2], format_report(report)
