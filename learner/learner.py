@@ -29,6 +29,7 @@ from typing import Any
 
 from agents.core import Algorithm
 from learner.batching import StreamIds, to_trajectory_batch
+from learner.provenance import record_digest, stamp
 from rlstream.policies import (
     BlobStore,
     arch_of,
@@ -65,6 +66,11 @@ class LearnerConfig:
     """Stop (``done``) after this many updates; None: run until stopped."""
     env_id: str = ""
     """Recorded in snapshots, so a rollback can check it restores a policy of the same env."""
+    run_id: str = ""
+    """Recorded in each PolicyVersion's provenance (``rlstream verify``/``lineage`` select by it)."""
+    fork_of: dict | None = None
+    """``{"run_id", "version", "source"}`` of the parent when this learner continues a fork
+    (``rlstream fork``); recorded in the provenance of its versions."""
 
 
 @dataclass
@@ -82,7 +88,7 @@ class Learner:
     def __init__(self, config: LearnerConfig, algo: Algorithm, events: EventBus, snapshots: Any = None,
                  breaker: Any = None, lag_signal: Callable[[], float] | None = None,
                  on_update: Callable[["Learner", dict[str, float], float], None] | None = None,
-                 blob_store: BlobStore | None = None) -> None:
+                 blob_store: BlobStore | None = None, stream_ids: StreamIds | None = None) -> None:
         self.config = config
         self.algo = algo
         self.events = events
@@ -99,7 +105,7 @@ class Learner:
         self._pending: list[tuple[Record, PreparedBatch]] = []
         self._pending_ids: set[str] = set()
         self._pending_size = 0
-        self._stream_ids = StreamIds()
+        self._stream_ids = stream_ids or StreamIds()  # a fork passes the parent's, replayed
         self._offsets: dict[tuple[str, int], int] = {}
         self.consumer = None
         self._versions = None
@@ -110,8 +116,9 @@ class Learner:
         newest = newest_version(self.events, self.config.policy_id)
         return -1 if newest is None else newest.version
 
-    def start(self, resume: bool = True, from_version: int | None = None) -> None:
-        """Restore state (newest snapshot, or ``from_version``) and publish the current policy."""
+    def start(self, resume: bool = True, from_version: int | None = None, publish: bool = True) -> None:
+        """Restore state (newest snapshot, or ``from_version``) and publish the current policy
+        (``publish=False``: it is already the newest version on the topic, as in a fork)."""
         published = self.latest_published()
         restored = None
         if self.snapshots is not None and (resume or from_version is not None):
@@ -122,7 +129,8 @@ class Learner:
         self.consumer = self.events.consumer(self.config.group, [SAMPLES_PREPARED], stage="learner",
                                              expect=PreparedBatch, start=start)
         self.version = published
-        self._publish(parent=self.model_version if self.model_version >= 0 else None)
+        if publish:
+            self._publish(parent=self.model_version if self.model_version >= 0 else None)
         ends = self.events.bus.end_offsets(POLICY_VERSIONS)
         self._versions = self.events.consumer(None, [POLICY_VERSIONS], stage="learner", expect=PolicyVersion,
                                               start={(POLICY_VERSIONS, p): e for p, e in ends.items()})
@@ -282,6 +290,7 @@ class Learner:
             losses={k: float(v) for k, v in metrics.items()},
             grad_norm=float(metrics.get("grad_norm", 0.0)), batch_ids=[b.sample.batch_id for b in batches],
             num_samples=n_samples, started_at_ms=started, finished_at_ms=now_ms(),
+            batch_digests=[record_digest(r.value) for r, _ in bucket],
         )
         self.events.publish(LEARNER_STEPS, step, key=self.config.learner_id)
         self.events.flush()
@@ -300,6 +309,7 @@ class Learner:
             learner_id=self.config.learner_id, algo=self.config.algo,
             metrics={k: float(v) for k, v in (metrics or {}).items()}, blob_store=self.blob_store,
         )
+        pv = stamp(pv, self.algo, self.config.run_id, self.config.fork_of, self.config.train_batch_size)
         self.model_version = self.version
         publish_policy_version(self.events, pv)
         return self.version

@@ -105,6 +105,34 @@ def _add_training(p: argparse.ArgumentParser) -> None:
                    help="torch intra-op threads (default: 1 in decoupled role processes, torch's own co-located)")
 
 
+def _add_time_travel(sub) -> None:
+    """``verify``, ``fork`` and ``lineage`` (rlstream.timetravel): tools over a recorded run."""
+    def run_args(p: argparse.ArgumentParser, report: bool = True) -> None:
+        _add_common(p)
+        p.add_argument("run", nargs="?", type=Path, default=None,
+                       help="a co-located run directory (runs/<id>); omit with --bus kafka")
+        p.add_argument("--policy-id", default="policy")
+        if report:
+            p.add_argument("--json", action="store_true", help="JSON instead of the human report")
+
+    p = sub.add_parser("verify", help="retrain a run from its log and check every version bit for bit")
+    run_args(p)
+    p.add_argument("--snapshot-store", default=None,
+                   help="snapshots of a fork or resumed run's first version (default: RUN/snapshots)")
+
+    p = sub.add_parser("fork", help="start a new run from version V of a recorded run")
+    run_args(p, report=False)
+    p.add_argument("--from-version", type=int, required=True)
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="algorithm config override")
+    p.add_argument("--train-batch-size", type=int, default=None, help="default: the parent's")
+    p.add_argument("--out", type=Path, default=None, help="the fork's run directory (default: runs/<new id>)")
+    p.add_argument("--snapshot-store", default=None)
+
+    p = sub.add_parser("lineage", help="the steps, batches, actors and drops behind a version")
+    run_args(p)
+    p.add_argument("--version", type=int, default=None, help="default: the run's newest")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlstream", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -127,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.add_argument("--policy-id", default="policy")
     p.add_argument("--port", type=int, default=DEFAULT_PORTS["serve"])
+    pin = p.add_mutually_exclusive_group()
+    pin.add_argument("--version", type=int, default=None, help="serve this version only (point in time)")
+    pin.add_argument("--at", default=None, help="serve the version current at this time: HH:MM, ISO 8601 or epoch ms")
 
     p = sub.add_parser("replay", help="replay a historical topic (offline DPO)")
     _add_common(p)
@@ -164,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--video", type=Path, default=None, metavar="DIR", help="record the first episode here")
     p.add_argument("--seed", type=int, default=0)
 
+    _add_time_travel(sub)
     sub.add_parser("broker", help="local Apache Kafka broker (start|stop|status|fetch)", add_help=False)
     assert set(sub.choices) == set(KNOWN_COMMANDS), "CLI and rlstream.obs.ports.KNOWN_COMMANDS disagree"
     return parser
@@ -394,9 +426,43 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
 def cmd_serve(a: argparse.Namespace) -> int:
     from rlstream.serve import serve
+    from rlstream.subscribe import PinNotFound, parse_at
 
     bus = _tool_bus(a)
-    return serve(bus, policy_id=a.policy_id, port=a.port, stop=_stop_on_signals())
+    try:
+        at_ms = parse_at(a.at) if a.at else None
+        return serve(bus, policy_id=a.policy_id, port=a.port, stop=_stop_on_signals(), version=a.version,
+                     at_ms=at_ms)
+    except (PinNotFound, ValueError) as e:
+        print(f"serve: {e}", file=sys.stderr)
+        return 2
+
+
+def cmd_time_travel(a: argparse.Namespace) -> int:
+    """verify / fork / lineage over a run directory or Kafka (exit 1: verify found a divergence)."""
+    from rlstream.config import BusConfig
+    from rlstream.timetravel import fork, lineage, record, verify
+
+    bus = None if a.run is not None else BusConfig.from_env(kind=a.bus or "kafka", bootstrap=a.bootstrap)
+    snapshots = getattr(a, "snapshot_store", None) or (str(a.run / "snapshots") if a.run is not None else None)
+    try:
+        run = record.load(a.run, bus, run_id=a.run_id or None, policy_id=a.policy_id)
+        if a.command == "verify":
+            report = verify.verify(run, snapshots)
+            print(json.dumps(report.as_dict(), indent=2) if a.json else verify.format_report(report))
+            return 0 if report.ok else 1
+        if a.command == "lineage":
+            lin = lineage.lineage(run, run.last_version if a.version is None else a.version)
+            print(json.dumps(lin, indent=2) if a.json else lineage.format_table(lin))
+            return 0
+        new_id = uuid.uuid4().hex[:12]
+        summary = fork.fork(run, a.from_version, a.out or Path("runs") / new_id, overrides=_kv(a.set),
+                            train_batch_size=a.train_batch_size, run_id=new_id, parent_snapshots=snapshots)
+        print(json.dumps({"fork": summary}, indent=2))
+        return 0
+    except (record.RunNotFound, verify.ReplayError, fork.ForkError, lineage.LineageError, ValueError) as e:
+        print(f"{a.command}: {e}", file=sys.stderr)
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -407,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
         return broker_main(argv[1:])
     a = build_parser().parse_args(argv)
     handlers = {"train": cmd_train, "actor": cmd_role, "learner": cmd_role, "subscribe": cmd_subscribe,
-                "replay": cmd_replay, "rollback": cmd_rollback, "serve": cmd_serve, "eval": cmd_eval}
+                "replay": cmd_replay, "rollback": cmd_rollback, "serve": cmd_serve, "eval": cmd_eval,
+                "verify": cmd_time_travel, "fork": cmd_time_travel, "lineage": cmd_time_travel}
     return handlers[a.command](a)
 
 

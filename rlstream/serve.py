@@ -18,6 +18,10 @@ is the actor's). Bad input -> 400 with a message saying what is wrong; no policy
 A background thread follows the versions (``PolicyFeed``, newest first) and swaps each new one
 in atomically: it is loaded into a fresh module, so a request never sees half-loaded weights.
 A version whose weights fail to load is dead-lettered and the previous one stays in use.
+
+Pinned (``rlstream serve --version 42`` or ``--at 14:02``; ``version=``/``at_ms=`` here): the
+server loads that one version (or the one current at that time) and never moves from it;
+``/policy`` then says ``"pinned"``. No such version: the server does not start (PinNotFound).
 """
 
 from __future__ import annotations
@@ -111,7 +115,8 @@ class PolicyServer:
     def __init__(self, source: BusConfig | Bus | EventBus, policy_id: str = "policy", *,
                  host: str = "0.0.0.0", port: int = 8080, metrics: Metrics | None = None,
                  blob_store: BlobStore | None = None, poll_interval: float = 0.2,
-                 heartbeat_timeout_s: float = 30.0) -> None:
+                 heartbeat_timeout_s: float = 30.0, version: int | None = None,
+                 at_ms: int | None = None) -> None:
         self.metrics = metrics or Metrics(role="serve")
         self.events, self._owned = open_events(source, self.metrics)
         self.policy_id = policy_id
@@ -129,11 +134,12 @@ class PolicyServer:
         self.versions_loaded = 0
         self.load_failures = 0
         self.requests = 0
+        self.pin = {k: v for k, v in (("version", version), ("at_ms", at_ms)) if v is not None}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> "PolicyServer":
         self._feed = PolicyFeed(self.events, policy_id=self.policy_id, blob_store=self.blob_store,
-                                stage="serve")
+                                stage="serve", **self.pin)
         self.health.expect_heartbeat("follower")
         self._thread = threading.Thread(target=self._follow, name="rlstream-serve-follower", daemon=True)
         self._thread.start()
@@ -245,20 +251,22 @@ class PolicyServer:
         info.pop("event", None)
         info.update({"arch": arch_of(cur.policy), "obs_dim": cur.policy.obs_dim, "act_dim": cur.policy.act_dim,
                      "loaded_at_ms": cur.loaded_at_ms, "versions_loaded": self.versions_loaded,
-                     "load_failures": self.load_failures})
+                     "load_failures": self.load_failures, "pinned": self.pin or None})
         return json_response(info)
 
 
 def serve(bus_config: BusConfig | Bus | EventBus, policy_id: str = "policy", port: int = 8080,
           stop: threading.Event | None = None, *, host: str = "0.0.0.0", metrics: Metrics | None = None,
           blob_store: BlobStore | None = None,
-          on_started: Callable[[PolicyServer], None] | None = None) -> int:
+          on_started: Callable[[PolicyServer], None] | None = None, version: int | None = None,
+          at_ms: int | None = None) -> int:
     """Run the policy server until ``stop`` is set; returns the exit code (0).
     ``on_started(server)`` is called once it listens (``server.port`` is the bound port)."""
     stop = stop or threading.Event()
-    server = PolicyServer(bus_config, policy_id, host=host, port=port, metrics=metrics, blob_store=blob_store)
+    server = PolicyServer(bus_config, policy_id, host=host, port=port, metrics=metrics, blob_store=blob_store,
+                          version=version, at_ms=at_ms)
     server.start()
-    _log.info("serve_started", url=server.url, policy_id=policy_id)
+    _log.info("serve_started", url=server.url, policy_id=policy_id, **server.pin)
     try:
         if on_started is not None:
             on_started(server)

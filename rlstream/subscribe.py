@@ -15,7 +15,10 @@ Where a feed starts:
 * ``from_version=None``: at the newest version of ``policy_id`` now on the topic (found by
   reading back from the log end, not by replaying the history), then every later one;
 * ``from_version=k``: every version >= k in order (replayed from the start of the topic),
-  then live ones. A k newer than anything published waits for k to arrive.
+  then live ones. A k newer than anything published waits for k to arrive;
+* pinned, ``version=k`` or ``at_ms=t`` (point in time): exactly one update, version k or the
+  newest version published at or before t ("the policy as it was at 14:02"), then nothing:
+  a pinned feed does not follow. ``PinNotFound`` if there is no such version.
 
 Versions are immutable and monotonic, so a feed never goes backwards: a version not newer
 than the last one it handed out (a duplicate record, a second writer) is skipped and counted
@@ -49,7 +52,8 @@ from streams.bus.base import Bus, Consumer, Record
 from streams.events import EventBus
 from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS, PUBLISHED_NS_HEADER
 
-__all__ = ["PolicyFeed", "PolicyUpdate", "follow", "open_events", "tail_offsets", "FOLLOWABLE"]
+__all__ = ["PolicyFeed", "PolicyUpdate", "follow", "open_events", "tail_offsets", "FOLLOWABLE", "pinned_update",
+           "parse_at", "PinNotFound"]
 
 FOLLOWABLE = ("policies", "steps", "deadletters")
 
@@ -242,6 +246,56 @@ class PolicyUpdate:
                 "latency_s": None if lat is None else round(lat, 6)}
 
 
+class PinNotFound(LookupError):
+    """No version matches a pin (``version=`` / ``at_ms=``)."""
+
+
+def parse_at(text: str) -> int:
+    """A point in time as epoch ms: epoch ms digits, ISO 8601 (``2026-12-03T14:02:00+00:00``;
+    no zone: local time), or ``HH:MM[:SS]`` today in local time."""
+    import datetime as dt
+
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        if len(text) <= 8 and ":" in text:
+            t = dt.time.fromisoformat(text)
+            when = dt.datetime.combine(dt.date.today(), t)
+        else:
+            when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"cannot read {text!r} as a time: use epoch ms, ISO 8601 or HH:MM") from None
+    if when.tzinfo is None:
+        when = when.astimezone()
+    return int(when.timestamp() * 1000)
+
+
+def pinned_update(events: EventBus, policy_id: str | None, version: int | None = None,
+                  at_ms: int | None = None, topic: str = POLICY_VERSIONS,
+                  blob_store: BlobStore | None = None) -> PolicyUpdate:
+    """Version ``version`` of ``policy_id``, or its newest published at or before ``at_ms``."""
+    if (version is None) == (at_ms is None):
+        raise ValueError("pin either a version or a time")
+    best: tuple[Record, PolicyVersion] | None = None
+    for rec in events.bus.read_all(topic):
+        try:
+            pv = _decode(events, rec, PolicyVersion)
+        except CodecError:
+            continue
+        if policy_id is not None and pv.policy_id != policy_id:
+            continue
+        if version is not None and pv.version == version:
+            best = (rec, pv)
+            break
+        if at_ms is not None and pv.created_at_ms <= at_ms and (best is None or pv.version > best[1].version):
+            best = (rec, pv)
+    if best is None:
+        what = f"version {version}" if version is not None else f"version published at or before {at_ms} ms"
+        raise PinNotFound(f"no {what} of policy {policy_id!r} on {topic}")
+    return PolicyUpdate.of(best[0], best[1], blob_store)
+
+
 class PolicyFeed:
     """Iterates PolicyVersion events of ``policy_id`` (None: every policy) as PolicyUpdates.
 
@@ -249,6 +303,7 @@ class PolicyFeed:
         source: an EventBus or Bus (in-process), or a BusConfig (the feed opens and closes it).
         policy_id: which policy to follow; None follows all of them (each monotonic on its own).
         from_version: None: start at the newest; k: replay every version >= k, then follow.
+        version / at_ms: pin one version, or the one current at that time (epoch ms); no follow.
         group: commit progress under this consumer group (see the module docstring).
         topic: the versions topic (tests use their own).
         blob_store: for claim-checked weights.
@@ -259,9 +314,13 @@ class PolicyFeed:
     def __init__(self, source: BusConfig | Bus | EventBus, policy_id: str | None = "policy",
                  from_version: int | None = None, group: str | None = None, *,
                  topic: str = POLICY_VERSIONS, blob_store: BlobStore | None = None,
-                 dead_letter: bool = True, stage: str = "policy-feed", join_timeout: float = 30.0) -> None:
+                 dead_letter: bool = True, stage: str = "policy-feed", join_timeout: float = 30.0,
+                 version: int | None = None, at_ms: int | None = None) -> None:
         if from_version is not None and from_version < 0:
             raise ValueError(f"from_version must be >= 0, not {from_version}")
+        pinned = version is not None or at_ms is not None
+        if pinned and (group is not None or from_version is not None):
+            raise ValueError("a pinned feed (version/at_ms) takes neither group nor from_version")
         self.events, self._owned = open_events(source)
         self.policy_id = policy_id
         self.from_version = from_version
@@ -278,7 +337,12 @@ class PolicyFeed:
         self._to_commit: Record | None = None
         self._buffer: list[Record] = []
         self._closed = False
+        self._pinned: list[PolicyUpdate] | None = None
+        self.consumer: Consumer | None = None
         try:
+            if pinned:
+                self._pinned = [pinned_update(self.events, policy_id, version, at_ms, topic, blob_store)]
+                return
             self.consumer = self._open(join_timeout)
         except BaseException:
             self._close_bus()
@@ -322,6 +386,11 @@ class PolicyFeed:
         """Decoded updates and decode failures, in log order (monotonic filter applied)."""
         if self._closed:
             raise RuntimeError("feed is closed")
+        if self._pinned is not None:
+            if not self._pinned:
+                time.sleep(min(timeout, 0.05))  # a pinned feed has nothing after its one update
+            out, self._pinned = [(u.record, u) for u in self._pinned], []
+            return out
         if self.group is not None and self._to_commit is not None:
             self.consumer.commit([self._to_commit])
             self._to_commit = None
@@ -406,7 +475,8 @@ class PolicyFeed:
             return
         self._closed = True
         try:
-            self.consumer.close()
+            if self.consumer is not None:
+                self.consumer.close()
         finally:
             self._close_bus()
 

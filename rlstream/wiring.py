@@ -124,6 +124,11 @@ def _inner_flow(cfg: TrainConfig, bus: Bus, metrics: Metrics | None, log=None):
     return Backpressure(backlog, max_backlog=cfg.max_backlog, sizes=sizes, on_size=on_size)
 
 
+def actor_seed(run_seed: int, index: int) -> int:
+    """Base seed of actor ``index``'s env resets and action noise (``rlstream lineage`` reports it)."""
+    return run_seed * 7919 + index
+
+
 def build_actor(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, index: int,
                 on_batch=None, log=None, flow=None, on_latency=None) -> Actor:
     extra_latency = on_latency
@@ -154,7 +159,7 @@ def build_actor(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, ind
     if g and num_envs % g:
         raise ValueError(f"--num-envs {num_envs} must be a multiple of the group size {g} for {cfg.algo}")
     acfg = ActorConfig(actor_id=f"actor-{index}", env_id=cfg.env_id, num_envs=num_envs,
-                       fragment_steps=cfg.effective_fragment_steps(), seed=cfg.seed * 7919 + index,
+                       fragment_steps=cfg.effective_fragment_steps(), seed=actor_seed(cfg.seed, index),
                        group_size=g, wrappers=tuple(cfg.wrappers), swap_every=SWAP_EVERY if (cfg.mode == "decoupled" and not g
                                                                and not is_on_policy(cfg.algo)) else 0)
     return Actor(acfg, sub, events, on_batch=batch_hook, on_reject=on_reject, flow=flow)
@@ -187,7 +192,7 @@ def build_learner(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, a
 
     blob = RedisBlobStore(cfg.redis()) if cfg.redis() else None
     lcfg = LearnerConfig(algo=cfg.algo, train_batch_size=cfg.train_batch_size, snapshot_every=cfg.snapshot_every,
-                         env_id=cfg.env_id, policy_id=cfg.policy_id)
+                         env_id=cfg.env_id, policy_id=cfg.policy_id, run_id=cfg.effective_run_id())
     return Learner(lcfg, algo, events, snapshots=store, breaker=breaker, lag_signal=lag_signal,
                    on_update=update_hook, blob_store=blob)
 

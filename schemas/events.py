@@ -78,6 +78,8 @@ class PolicyVersion:
     parent_version: int | None = None
     weights_format: str = "safetensors"
     metrics: dict[str, float] = field(default_factory=dict)
+    state_sha256: str | None = None  # v2: the learner's whole state after this version
+    provenance: str = ""  # v2: JSON of what a replay needs (``learner.provenance``)
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,7 @@ class GradientStep:
     num_samples: int
     started_at_ms: int
     finished_at_ms: int
+    batch_digests: list[str] = field(default_factory=list)  # v2: sha256 of each consumed record
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,9 @@ KNOWN_COMMANDS: tuple[str, ...] = (
     "broker",
     "rollback",
     "eval",
+    "verify",
+    "fork",
+    "lineage",
 )
 
 #: The role whose port each long-running command uses.
