@@ -29,11 +29,23 @@ import org.apache.avro.message.BinaryMessageDecoder;
 import org.apache.avro.message.BinaryMessageEncoder;
 
 public class AvroInterop {
-  /** Every named type in the .avsc files, parsed in dependency order. */
+  /** Every named type in the .avsc files (of a versioned record, its newest version
+   *  ``Name.vN.avsc``: the one rlstream writes), parsed in dependency order. */
   static Map<String, Schema> load(File dir) throws Exception {
     Map<String, Schema> known = new HashMap<>();
-    List<File> left = new ArrayList<>();
-    for (File f : dir.listFiles()) if (f.getName().endsWith(".avsc")) left.add(f);
+    Map<String, File> newest = new HashMap<>();
+    Map<String, Integer> newestVersion = new HashMap<>();
+    for (File f : dir.listFiles()) {
+      java.util.regex.Matcher m =
+          java.util.regex.Pattern.compile("(.+?)(?:\\.v(\\d+))?\\.avsc").matcher(f.getName());
+      if (!m.matches()) continue;
+      int version = m.group(2) == null ? 0 : Integer.parseInt(m.group(2));
+      if (version >= newestVersion.getOrDefault(m.group(1), -1)) {
+        newestVersion.put(m.group(1), version);
+        newest.put(m.group(1), f);
+      }
+    }
+    List<File> left = new ArrayList<>(newest.values());
     while (!left.isEmpty()) {
       int before = left.size();
       for (File f : new ArrayList<>(left)) {
