@@ -43,6 +43,8 @@ __all__ = ["Role", "wait_for"]
 ENV_ID = "Pendulum-v1"  # obs 3, act 1: the cheapest continuous-control env gymnasium has
 FRAGMENT = 32  # steps per SampleBatch (one env)
 STREAMS_GROUP = "rlstream-streams"  # the Faust app id: the group the learner's breaker watches
+# Consumers of the private broker (its group.min.session.timeout.ms is lowered): a rebalance in ~2 s.
+FAST_CONSUMER = {"heartbeat.interval.ms": 300, "session.timeout.ms": 2000}
 SASL_USERS = {"svc": "svc-secret", "admin": "admin-secret"}
 
 

@@ -29,7 +29,9 @@ from streams.bus.kafka import KafkaBus
 from streams.bus.memory import MemoryBus
 from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_RAW, all_topics
 
-from .conftest import FRAGMENT, Rig, Role, TopicCounter, _free_ports, wait_for
+from tests.support import free_ports
+
+from .conftest import FRAGMENT, Rig, Role, TopicCounter, wait_for
 from .malformed import sample_batch
 
 CODEC = Codec()
@@ -112,7 +114,7 @@ def scraped_skips(port: int) -> float:
 @pytest.mark.kafka
 def test_decoupled_n_bad_policy_records_make_n_dead_letters(private_kafka, tmp_path):
     bootstrap = private_kafka.bootstrap
-    faust_port, actor_port = _free_ports(2)
+    faust_port, actor_port = free_ports(2)
     rig = Rig(bootstrap, tmp_path, snapshot_every=0, train_batch_size=2 * FRAGMENT)
     steps = TopicCounter(bootstrap, LEARNER_STEPS, CODEC.decode)
     bus = KafkaBus(bootstrap, client_id="bad-policy-records")
