@@ -272,7 +272,8 @@ class Learner:
         started = now_ms()
         t0 = time.perf_counter()
         n_samples = self._pending_size
-        batches = [pb for _, pb in self._take_pending()]
+        pending = self._take_pending()
+        batches = [pb for _, pb in pending]
         metrics = self.algo.update(to_trajectory_batch(batches, self._stream_ids))
         self.stats.updates += 1
         self.stats.samples_trained += n_samples
@@ -290,7 +291,7 @@ class Learner:
             losses={k: float(v) for k, v in metrics.items()},
             grad_norm=float(metrics.get("grad_norm", 0.0)), batch_ids=[b.sample.batch_id for b in batches],
             num_samples=n_samples, started_at_ms=started, finished_at_ms=now_ms(),
-            batch_digests=[record_digest(r.value) for r, _ in bucket],
+            batch_digests=[record_digest(r.value) for r, _ in pending],
         )
         self.events.publish(LEARNER_STEPS, step, key=self.config.learner_id)
         self.events.flush()
