@@ -443,7 +443,8 @@ def cmd_time_travel(a: argparse.Namespace) -> int:
     from rlstream.config import BusConfig
     from rlstream.timetravel import fork, lineage, record, verify
 
-    bus = None if a.run is not None else BusConfig.from_env(kind=a.bus or "kafka", bootstrap=a.bootstrap)
+    bus = None if a.run is not None else BusConfig.from_env(kind=a.bus or "kafka", bootstrap=a.bootstrap,
+                                                            namespace=a.namespace)
     snapshots = getattr(a, "snapshot_store", None) or (str(a.run / "snapshots") if a.run is not None else None)
     try:
         run = record.load(a.run, bus, run_id=a.run_id or None, policy_id=a.policy_id)

@@ -73,7 +73,12 @@ def open_bus(run: str | Path | None, bus: BusConfig | None = None) -> tuple[Bus,
         return make_bus("memory", path=str(log)), str(path.resolve())  # a fork records it: absolute
     if bus is None or bus.kind != "kafka":
         raise RunNotFound("give a run directory, or --bus kafka for a decoupled run")
-    return make_bus("kafka", bootstrap=bus.bootstrap), f"kafka://{bus.bootstrap}"
+    kafka = make_bus("kafka", bootstrap=bus.bootstrap)
+    if not bus.namespace:
+        return kafka, f"kafka://{bus.bootstrap}"
+    from streams.bus.namespaced import NamespacedBus
+
+    return NamespacedBus(kafka, bus.topics()), f"kafka://{bus.bootstrap}/{bus.namespace}"
 
 
 def _decode_all(bus: Bus, codec: Codec, topic: str, cls: type, bad: list) -> list[tuple[Record, Any]]:

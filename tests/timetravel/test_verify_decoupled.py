@@ -25,16 +25,17 @@ BATCH = 256
 
 def test_verify_reproduces_a_decoupled_agro_run_from_the_broker(rl_topics, tmp_path):
     run_id, policy_id = f"agro-{uuid.uuid4().hex[:8]}", f"tt-{uuid.uuid4().hex[:8]}"
+    namespace = f"ns-{run_id}"  # verify reads the run's own namespace
     p = cli("train", "--mode", "decoupled", "--algo", "agro", "--env", ENV_ID, "--total-steps", str(UPDATES * BATCH),
             "--train-batch-size", str(BATCH), "--set", "update_epochs=1", "--set", "num_minibatches=4",
             "--bootstrap", rl_topics, "--run-dir", str(tmp_path / "run"), "--run-id", run_id,
-            "--policy-id", policy_id, "--metrics-port", "-1", "--log-every", "60")
+            "--namespace", namespace, "--policy-id", policy_id, "--metrics-port", "-1", "--log-every", "60")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     updates = summary["processes"]["learner"]["updates"]
     assert updates >= UPDATES
 
-    run = load(None, BusConfig(kind="kafka", bootstrap=rl_topics), run_id=run_id, policy_id=policy_id)
+    run = load(None, BusConfig(kind="kafka", bootstrap=rl_topics, namespace=namespace), run_id=run_id, policy_id=policy_id)
     assert len(run.steps) == updates and run.provenance(run.first_version)["determinism"]["threads"] == 1
     report = verify(run)
     assert report.ok, format_report(report)
@@ -44,6 +45,6 @@ def test_verify_reproduces_a_decoupled_agro_run_from_the_broker(rl_topics, tmp_p
     assert lin["transitions"] == summary["processes"]["learner"]["samples_trained"]
 
     p = cli("verify", "--bus", "kafka", "--bootstrap", rl_topics, "--run-id", run_id, "--policy-id", policy_id,
-            "--json")
+            "--namespace", namespace, "--json")
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert json.loads(p.stdout)["versions_reproduced"] == updates + 1
