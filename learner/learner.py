@@ -78,6 +78,9 @@ class LearnerStats:
     updates: int = 0
     samples_trained: int = 0
     duplicates_skipped: int = 0
+    redelivered_skipped: int = 0
+    """Records handled already, read again at the same offset (Kafka redelivers from the last
+    commit after a rebalance or a broker restart): skipped, not dead-lettered, as not bad input."""
     paused_polls: int = 0
     lag_signal_errors: int = 0
     adopted_versions: int = 0
@@ -206,6 +209,9 @@ class Learner:
                 return None
         for rec, pb in self.consumer.poll(timeout, max_records=64):
             bid = pb.sample.batch_id
+            if bid in self._seen and rec.offset < self._offsets.get((rec.topic, rec.partition), 0):
+                self.stats.redelivered_skipped += 1  # this very record, trained before the rewind
+                continue
             if bid in self._seen or bid in self._pending_ids:
                 self.stats.duplicates_skipped += 1
                 self.consumer.dead_letter(rec, "duplicate", "DuplicateBatch", f"batch_id {bid} already trained")

@@ -99,6 +99,19 @@ def test_duplicate_batch_is_skipped_counted_and_dead_lettered(events, tmp_path):
     assert [d.reason for d in dls] == ["duplicate"]
 
 
+def test_a_redelivered_record_is_skipped_without_a_dead_letter(events, tmp_path):
+    """Kafka redelivers from the last commit after a rebalance or a broker restart: the record the
+    learner already trained, at the same offset, is skipped and counted, not dead-lettered."""
+    lr = make(events, open_store(tmp_path))
+    lr.start()
+    events.publish(SAMPLES_PREPARED, prepared(0), key="actor-0")
+    assert lr.step(0) is not None
+    lr.consumer.raw.seek(SAMPLES_PREPARED, 0, 0)  # the rewind a redelivery is
+    assert lr.step(0) is None
+    assert (lr.stats.redelivered_skipped, lr.stats.duplicates_skipped, lr.stats.updates) == (1, 0, 1)
+    assert list(events.bus.read_all(DEADLETTER)) == []
+
+
 def test_resume_restores_state_seeks_to_snapshot_offsets_and_keeps_versions_monotonic(events, tmp_path):
     store = open_store(tmp_path, keep_last=None)
     lr = make(events, store, snapshot_every=2)
