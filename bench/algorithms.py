@@ -39,7 +39,7 @@ import torch
 from rlstream.colocated import run_colocated
 from rlstream.config import BusConfig, TrainConfig
 from rlstream.policies import load_into, policy_from_arch
-from rlstream.replay import run_replay
+from logtools.replay import run_replay
 from schemas.events import PolicyVersion
 from schemas.weights import decode_weights
 from streams.bus import make_bus

@@ -224,7 +224,7 @@ def dir_bytes(path: Path) -> int:
 
 def kafka_disk(bootstrap: str):
     """``topic -> bytes`` on the brokers' disks (Kafka's own kafka-log-dirs tool)."""
-    from rlstream.kafka_tools import log_dir_bytes
+    from localkafka.kafka_tools import log_dir_bytes
 
     return lambda topic: log_dir_bytes(bootstrap, [topic])[topic]
 

@@ -31,7 +31,7 @@ from learner.batching import StreamIds, to_trajectory_batch
 from rlstream import wiring
 from rlstream.colocated import run_colocated
 from rlstream.config import TrainConfig
-from rlstream.obs.metrics import Metrics
+from runtime.metrics import Metrics
 from schemas.events import PreparedBatch, now_ms
 
 

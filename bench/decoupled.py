@@ -20,7 +20,7 @@ Prints one JSON document with, per run:
 - freshness: % of samples within the staleness window at the stream processors. Targets:
   decoupled > 70 %, co-located > 95 %.
 
-The decoupled runs go to a Kafka broker of the benchmark's own (``rlstream.broker.LocalKafka`` on
+The decoupled runs go to a Kafka broker of the benchmark's own (``localkafka.broker.LocalKafka`` on
 free ports, started before and killed after; not timed), or to ``--bootstrap``, whose ``rl.*``
 topics and role consumer groups are then reset (``KafkaBus.reset_topics``) before each run --
 a development broker only.
@@ -46,7 +46,7 @@ from rlstream import wiring
 from rlstream.colocated import run_colocated
 from rlstream.config import BusConfig, TrainConfig
 from rlstream.decoupled import quantiles_ms, run_decoupled
-from rlstream.obs.metrics import Metrics
+from runtime.metrics import Metrics
 from schemas.codec import Codec
 from streams.topics import LEARNER_STEPS, STREAMS_GROUP, all_topics
 
@@ -78,7 +78,7 @@ class _Quiet:
 def private_broker():
     import socket
 
-    from rlstream.broker import LocalKafka, port_is_free
+    from localkafka.broker import LocalKafka, port_is_free
 
     for _ in range(50):
         with socket.socket() as sock:

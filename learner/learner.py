@@ -37,7 +37,7 @@ from rlstream.policies import (
     make_policy_version,
     publish_policy_version,
 )
-from rlstream.subscribe import newest_version
+from logtools.subscribe import newest_version
 from schemas.errors import CodecError
 from schemas.events import GradientStep, PolicyVersion, PreparedBatch, now_ms
 from streams.bus.base import BusError, Record

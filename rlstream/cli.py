@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rlstream.obs.ports import DEFAULT_PORTS, KNOWN_COMMANDS, metrics_port
+from runtime.ports import DEFAULT_PORTS, KNOWN_COMMANDS, metrics_port
 
 
 def _kv(items: list[str] | None) -> dict[str, Any]:
@@ -106,7 +106,7 @@ def _add_training(p: argparse.ArgumentParser) -> None:
 
 
 def _add_time_travel(sub) -> None:
-    """``verify``, ``fork`` and ``lineage`` (rlstream.timetravel): tools over a recorded run."""
+    """``verify``, ``fork`` and ``lineage`` (logtools.timetravel): tools over a recorded run."""
     def run_args(p: argparse.ArgumentParser, report: bool = True) -> None:
         _add_common(p)
         p.add_argument("run", nargs="?", type=Path, default=None,
@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_time_travel(sub)
     sub.add_parser("broker", help="local Apache Kafka broker (start|stop|status|fetch)", add_help=False)
-    assert set(sub.choices) == set(KNOWN_COMMANDS), "CLI and rlstream.obs.ports.KNOWN_COMMANDS disagree"
+    assert set(sub.choices) == set(KNOWN_COMMANDS), "CLI and runtime.ports.KNOWN_COMMANDS disagree"
     return parser
 
 
@@ -288,7 +288,7 @@ def _stop_on_signals() -> threading.Event:
 
 
 def _serve_metrics(metrics, port: int | None, role: str):
-    from rlstream.obs.http import HealthChecks, MetricsServer
+    from runtime.http import HealthChecks, MetricsServer
 
     if port == -1:
         return None, HealthChecks()
@@ -304,8 +304,8 @@ def _serve_metrics(metrics, port: int | None, role: str):
 
 
 def cmd_train(a: argparse.Namespace) -> int:
-    from rlstream.obs.logging import configure_logging, get_logger
-    from rlstream.obs.metrics import Metrics
+    from runtime.logging import configure_logging, get_logger
+    from runtime.metrics import Metrics
 
     cfg = train_config(a, default_bus="kafka" if a.mode == "decoupled" else "memory")
     configure_logging(role=cfg.mode, run_id=cfg.effective_run_id(), level=a.log_level, json=a.log_json)
@@ -329,7 +329,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         except ChildExited as e:
             print(f"error: {e}", file=sys.stderr, flush=True)
             return 1
-    from rlstream.progress import verdict
+    from runtime.progress import verdict
 
     print(json.dumps({"summary": summary}, indent=2))
     print(verdict(summary), flush=True)
@@ -338,8 +338,8 @@ def cmd_train(a: argparse.Namespace) -> int:
 
 def cmd_role(a: argparse.Namespace) -> int:
     from rlstream import decoupled
-    from rlstream.obs.logging import configure_logging, get_logger
-    from rlstream.obs.metrics import Metrics
+    from runtime.logging import configure_logging, get_logger
+    from runtime.metrics import Metrics
 
     cfg = train_config(a, default_bus="kafka")
     role = a.command
@@ -376,7 +376,7 @@ def _tool_bus(a: argparse.Namespace):
 
 
 def cmd_subscribe(a: argparse.Namespace) -> int:
-    from rlstream.subscribe import follow
+    from logtools.subscribe import follow
 
     bus = _tool_bus(a)
     stop = _stop_on_signals()
@@ -386,7 +386,7 @@ def cmd_subscribe(a: argparse.Namespace) -> int:
 
 
 def cmd_replay(a: argparse.Namespace) -> int:
-    from rlstream.replay import run_replay
+    from logtools.replay import run_replay
 
     bus = _tool_bus(a)
     summary = run_replay(bus, topic=a.topic, segment=a.segment, train=a.train_dpo, beta=a.beta,
@@ -396,7 +396,7 @@ def cmd_replay(a: argparse.Namespace) -> int:
 
 
 def cmd_rollback(a: argparse.Namespace) -> int:
-    from rlstream.rollback import RollbackError, rollback
+    from logtools.rollback import RollbackError, rollback
 
     bus = _tool_bus(a)
     store = a.snapshot_store or str(a.run_dir / "snapshots")
@@ -410,7 +410,7 @@ def cmd_rollback(a: argparse.Namespace) -> int:
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
-    from rlstream.evaluate import EvalError, evaluate, format_result
+    from logtools.evaluate import EvalError, evaluate, format_result
 
     wrappers = None if a.wrappers is None else _names(a.wrappers)
     try:
@@ -425,8 +425,8 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
-    from rlstream.serve import serve
-    from rlstream.subscribe import PinNotFound, parse_at
+    from logtools.serve import serve
+    from logtools.subscribe import PinNotFound, parse_at
 
     bus = _tool_bus(a)
     try:
@@ -441,7 +441,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
 def cmd_time_travel(a: argparse.Namespace) -> int:
     """verify / fork / lineage over a run directory or Kafka (exit 1: verify found a divergence)."""
     from rlstream.config import BusConfig
-    from rlstream.timetravel import fork, lineage, record, verify
+    from logtools.timetravel import fork, lineage, record, verify
 
     bus = None if a.run is not None else BusConfig.from_env(kind=a.bus or "kafka", bootstrap=a.bootstrap,
                                                             namespace=a.namespace)
@@ -469,7 +469,7 @@ def cmd_time_travel(a: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "broker":
-        from rlstream.broker import main as broker_main
+        from localkafka.broker import main as broker_main
 
         return broker_main(argv[1:])
     a = build_parser().parse_args(argv)

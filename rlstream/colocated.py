@@ -15,10 +15,10 @@ from typing import Any
 
 from rlstream import wiring
 from rlstream.config import TrainConfig
-from rlstream.obs.logging import bind_policy_version
-from rlstream.obs.metrics import Metrics
-from rlstream.obs.tensorboard import TensorBoardRun
-from rlstream.progress import Progress
+from runtime.logging import bind_policy_version
+from runtime.metrics import Metrics
+from runtime.tensorboard import TensorBoardRun
+from runtime.progress import Progress
 from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from streams.processors.pipeline import PrepareConfig
 from streams.topics import Namespace, Retention, parse_retention
-from rlstream.obs.ports import (ENV_BUS, ENV_KAFKA_BROKERS, ENV_NAMESPACE, ENV_REDIS_URL, ENV_RUN_ID,
+from runtime.ports import (ENV_BUS, ENV_KAFKA_BROKERS, ENV_NAMESPACE, ENV_REDIS_URL, ENV_RUN_ID,
                                 ENV_SNAPSHOT_STORE)
 
 ENV_RETENTION = "RLSTREAM_RETENTION"

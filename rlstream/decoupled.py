@@ -18,10 +18,10 @@ from typing import Any
 
 from rlstream import wiring
 from rlstream.config import TrainConfig
-from rlstream.obs.logging import bind_policy_version
-from rlstream.obs.metrics import Metrics
-from rlstream.obs.tensorboard import TensorBoardRun
-from rlstream.obs.ports import (
+from runtime.logging import bind_policy_version
+from runtime.metrics import Metrics
+from runtime.tensorboard import TensorBoardRun
+from runtime.ports import (
     ENV_ALGO,
     ENV_KAFKA_BROKERS,
     ENV_METRICS_PORT,
@@ -31,7 +31,7 @@ from rlstream.obs.ports import (
     ENV_STALENESS_MODE,
     ENV_STALENESS_MS,
 )
-from rlstream.progress import Progress, read_state
+from runtime.progress import Progress, read_state
 from streams.topics import LEARNER_GROUP, SAMPLES_PREPARED, SAMPLES_RAW, STREAMS_GROUP
 
 #: File in a decoupled run's directory naming its namespace (``--resume`` reads it).

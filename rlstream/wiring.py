@@ -13,7 +13,7 @@ from actor.envs import NonFiniteEnvError, env_dims
 from actor.policy_client import PolicySubscriber
 from learner.learner import Learner, LearnerConfig
 from rlstream.config import BusConfig, TrainConfig
-from rlstream.obs.metrics import Metrics
+from runtime.metrics import Metrics
 from rlstream.policies import RedisBlobStore
 from schemas.codec import Codec, SchemaTopic
 from schemas.events import SampleBatch

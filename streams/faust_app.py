@@ -18,7 +18,7 @@ driven by Faust over Kafka:
   offset behind it (at least once; a crash redelivers it).
 * timer ``reorder-tick`` releases batches whose reorder gap timed out.
 * ``/metrics`` on the worker's web port (``RLSTREAM_METRICS_PORT``, default 9102) serves the
-  processor metrics (``rlstream.obs.metrics.Metrics``, role ``streams``); ``/healthz`` the
+  processor metrics (``runtime.metrics.Metrics``, role ``streams``); ``/healthz`` the
   processor stats. On shutdown the stats are written to stdout as one ``{"summary": ...}`` line
   (``rlstream train --mode decoupled`` collects it).
 * offsets of ``rl.samples.raw`` are committed every ``commit_interval_s`` (0.5 s), so the
@@ -124,7 +124,7 @@ class StreamsSettings:
         env = os.environ if env is None else env
         brokers = env.get(ENV_KAFKA_BROKERS, "").strip() or DEFAULT_BROKERS
         try:
-            from rlstream.obs.ports import metrics_port
+            from runtime.ports import metrics_port
 
             port = metrics_port("streams", env)
         except ImportError:
@@ -317,7 +317,7 @@ class StreamsApp:
         @app.page("/metrics")
         async def metrics_page(web, request):
             if self.metrics is None:
-                return web.bytes(b"# metrics disabled (rlstream.obs.metrics not importable)\n",
+                return web.bytes(b"# metrics disabled (runtime.metrics not importable)\n",
                                  content_type="text/plain")
             return web.bytes(self.metrics.render(), content_type="text/plain; version=0.0.4")
 
@@ -552,9 +552,9 @@ class StreamsApp:
 
 
 def _make_metrics() -> Any:
-    """The role's Prometheus metrics, if ``rlstream.obs.metrics`` is available (else None)."""
+    """The role's Prometheus metrics, if ``runtime.metrics`` is available (else None)."""
     try:
-        from rlstream.obs.metrics import Metrics
+        from runtime.metrics import Metrics
     except ImportError:
         return None
     return Metrics(role="streams", gpu=False)

@@ -41,7 +41,7 @@ class PrepareWorker:
         prepare: the pipeline (owned by this worker; not thread-safe).
         group: consumer group of the raw-sample reader.
         max_records: most raw records per poll.
-        metrics: optional ``rlstream.obs.metrics.Metrics`` (consumer lag).
+        metrics: optional ``runtime.metrics.Metrics`` (consumer lag).
         policy_backlog: how many PolicyVersions back from the end to start reading
             (default: the staleness window's K + 1).
     """

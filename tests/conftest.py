@@ -2,7 +2,7 @@
 
 ``kafka_bootstrap`` finds a broker, in this order: env ``KAFKA_BROKERS``; a Kafka already
 answering on 127.0.0.1:9092 (``rlstream broker start``); testcontainers' Kafka where a Docker
-engine answers; a ``rlstream.broker.LocalKafka`` started on free ports for this session.
+engine answers; a ``localkafka.broker.LocalKafka`` started on free ports for this session.
 None of these -> the kafka tests fail when ``CI=true``, else they are skipped with the reasons.
 
 ``bus`` is parametrised over ``memory`` and ``kafka`` (marked ``kafka``): a contract test
@@ -72,7 +72,7 @@ def kafka_bootstrap(tmp_path_factory):
     if env:
         yield env
         return
-    from rlstream.broker import BrokerError, LocalKafka, probe
+    from localkafka.broker import BrokerError, LocalKafka, probe
 
     reasons = ["KAFKA_BROKERS unset"]
     p = probe("127.0.0.1", 9092, timeout=2.0)
@@ -164,7 +164,7 @@ ROLE_GROUPS = ("rlstream-streams", "learner")
 def rl_kafka(request, tmp_path_factory):
     """Bootstrap servers of a broker private to this session, for the tests on the fixed topic
     names (see the module docstring)."""
-    from rlstream.broker import BrokerError, LocalKafka
+    from localkafka.broker import BrokerError, LocalKafka
 
     kafka = None
     try:

@@ -1,4 +1,4 @@
-"""Tests for rlstream.broker (stdlib + pytest only).
+"""Tests for localkafka.broker (stdlib + pytest only).
 
 Unit tests run everywhere; the ``kafka`` marked test starts a real broker
 (needs java, and mvn unless the jars are already cached)."""
@@ -15,9 +15,9 @@ import uuid
 
 import pytest
 
-from rlstream import broker
+from localkafka import broker
 from tests.support import free_port, wait_for
-from rlstream.broker import (
+from localkafka.broker import (
     LocalKafka,
     PortBusyError,
     main,

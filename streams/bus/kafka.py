@@ -161,7 +161,7 @@ class _RdLogger:
 _RD_LOGGER = _RdLogger()
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # matches rlstream.broker's message.max.bytes
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # matches localkafka.broker's message.max.bytes
 ENV_PREFIX = "RLSTREAM_KAFKA_"
 # Only these settings pass from the environment: the rest of RLSTREAM_KAFKA_* belongs to others
 # (RLSTREAM_KAFKA_VERSION, RLSTREAM_KAFKA_JAVA_OPTS are the local broker's).

@@ -175,7 +175,7 @@ class ProcessorStats:
 
 
 class MetricsSink(Protocol):
-    """What the pipeline reports to (``rlstream.obs.metrics.Metrics`` satisfies it)."""
+    """What the pipeline reports to (``runtime.metrics.Metrics`` satisfies it)."""
 
     def count_samples(self, n: int, stage: str) -> None: ...
     def count_drop(self, reason: str, n: int = 1) -> None: ...

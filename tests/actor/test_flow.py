@@ -15,7 +15,7 @@ from agents.networks import Policy
 from learner.batch_size import BatchSizeController
 from rlstream import wiring
 from rlstream.config import TrainConfig
-from rlstream.obs.metrics import Metrics
+from runtime.metrics import Metrics
 from rlstream.policies import make_policy_version
 from schemas.codec import Codec
 from streams.bus.memory import MemoryBus

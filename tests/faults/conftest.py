@@ -1,6 +1,6 @@
 """Fault-injection fixtures: a private Kafka broker per test, and the training roles around it.
 
-``private_kafka`` starts an ``rlstream.broker.LocalKafka`` of this test's own (never the shared
+``private_kafka`` starts an ``localkafka.broker.LocalKafka`` of this test's own (never the shared
 broker on 9092: these tests SIGKILL theirs) on free ports, with
 
 * a PLAINTEXT listener (``bootstrap``) the roles use, and a SASL_PLAINTEXT/PLAIN listener
@@ -50,7 +50,7 @@ SASL_USERS = {"svc": "svc-secret", "admin": "admin-secret"}
 
 @dataclass
 class PrivateKafka:
-    kafka: object  # rlstream.broker.LocalKafka
+    kafka: object  # localkafka.broker.LocalKafka
     bootstrap: str
     sasl_bootstrap: str
     users: dict[str, str]
@@ -68,7 +68,7 @@ def _jaas(users: dict[str, str]) -> str:
 def private_kafka(tmp_path_factory):
     """A broker of this test's own (see the module docstring); skipped where none can start
     (no java / jars), failed instead when ``CI=true``."""
-    from rlstream.broker import BrokerError, LocalKafka
+    from localkafka.broker import BrokerError, LocalKafka
 
     port, controller, sasl = free_ports(3)
     host = "127.0.0.1"

@@ -9,7 +9,7 @@ other readers skip each bad record and count it: ``skipped == bad records``, no 
 Entry points: the in-process stream processors (``PrepareWorker``: rl.samples.raw is fuzzed in
 tests/streams; here its policy reader, and exact counts on raw samples), the learner
 (rl.samples.prepared, and foreign versions on rl.policy.versions), the actor's
-``PolicySubscriber``, ``rlstream serve``'s follower, ``rlstream.subscribe.PolicyFeed``, and the
+``PolicySubscriber``, ``rlstream serve``'s follower, ``logtools.subscribe.PolicyFeed``, and the
 Faust app's sample agent and policy reader (broker-less ``test_context``).
 """
 
@@ -263,7 +263,7 @@ def test_actor_policy_subscriber_skips_what_it_cannot_adopt(steps):
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_one_at_a_time_policy_plan())
 def test_serve_follower_skips_what_it_cannot_load_and_keeps_serving(steps):
-    from rlstream.serve import PolicyServer
+    from logtools.serve import PolicyServer
 
     events = new_events()
     server = PolicyServer(events, "policy", host="127.0.0.1", port=0, poll_interval=0.05).start()
@@ -289,12 +289,12 @@ def test_serve_follower_skips_what_it_cannot_load_and_keeps_serving(steps):
         server.stop()
 
 
-# --- rlstream.subscribe.PolicyFeed ----------------------------------------------------------------
+# --- logtools.subscribe.PolicyFeed ----------------------------------------------------------------
 
 @FUZZ
 @given(_one_at_a_time_policy_plan())
 def test_policy_feed_skips_undecodable_records_and_hands_out_the_rest(steps):
-    from rlstream.subscribe import PolicyFeed
+    from logtools.subscribe import PolicyFeed
 
     events = new_events()
     undecodable, handed = [], []

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rlstream.colocated import run_colocated
 from rlstream.config import TrainConfig
-from rlstream.obs.metrics import Metrics
+from runtime.metrics import Metrics
 from schemas.codec import Codec
 from schemas.events import DeadLetter
 from streams.bus.kafka import KafkaBus

@@ -29,7 +29,7 @@ import pytest
 
 from rlstream.config import BusConfig, TrainConfig
 from rlstream.decoupled import RunMonitor, state_path
-from rlstream.progress import read_state
+from runtime.progress import read_state
 from schemas.codec import Codec
 from schemas.events import GradientStep, SampleBatch
 from streams.bus.kafka import KafkaBus

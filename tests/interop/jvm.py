@@ -1,6 +1,6 @@
 """Run a small Java program kept in the repo against jars fetched from Maven Central.
 
-``java_program(source, coordinates, what)`` fetches the jars (``rlstream.broker.fetch_maven``,
+``java_program(source, coordinates, what)`` fetches the jars (``localkafka.broker.fetch_maven``,
 cached), compiles ``source`` with ``javac`` into the cache (once per source content) and returns
 ``run(*args) -> stdout``. Without java/javac/mvn the test is skipped, except under ``CI=true``,
 where it fails.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rlstream import broker
+from localkafka import broker
 
 JAVA_SRC = Path(__file__).parent
 

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from rlstream import broker, kafka_tools
+from localkafka import broker, kafka_tools
 from streams.bus.kafka import KafkaBus
 from streams.topics import TopicSpec
 

@@ -160,7 +160,7 @@ def test_rollback_republishes_a_snapshot_as_a_new_version(events, tmp_path):
 
 
 def test_running_learner_adopts_a_rollback_published_by_another_process(events, tmp_path):
-    from rlstream.rollback import rollback
+    from logtools.rollback import rollback
 
     store = open_store(tmp_path, keep_last=None)
     lr = make(events, store)

@@ -1,4 +1,4 @@
-"""Fixtures for the operations layer tests (rlstream/obs, learner ops pieces, compose/).
+"""Fixtures for the operations layer tests (runtime/, learner ops pieces, compose/).
 
 Redis: ``redis_url`` uses ``$REDIS_URL`` when it is set and answers PING;
 otherwise it starts a throwaway ``redis-server`` on a free port (no

@@ -152,7 +152,7 @@ def test_validation_and_status() -> None:
 
 
 def test_feeds_the_metrics_hook() -> None:
-    from rlstream.obs.metrics import Metrics
+    from runtime.metrics import Metrics
 
     m = Metrics(role="learner", gpu=False)
     clock = FakeClock()

@@ -11,8 +11,8 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families as text_families
 
-from rlstream.obs.http import HealthChecks, MetricsServer, Request, json_response
-from rlstream.obs.metrics import Metrics
+from runtime.http import HealthChecks, MetricsServer, Request, json_response
+from runtime.metrics import Metrics
 
 
 class FakeClock:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from rlstream.obs.logging import (
+from runtime.logging import (
     bind_policy_version,
     bind_role,
     bound_context,

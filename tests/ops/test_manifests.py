@@ -1,4 +1,4 @@
-"""compose/ and compose/k8s/ agree with rlstream/obs/ports.py, metrics.py and http.py."""
+"""compose/ and compose/k8s/ agree with runtime/ports.py, metrics.py and http.py."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from rlstream.obs.http import MetricsServer
-from rlstream.obs.metrics import Metrics
-from rlstream.obs.ports import (
+from runtime.http import MetricsServer
+from runtime.metrics import Metrics
+from runtime.ports import (
     COMMAND_ROLES,
     DEFAULT_PORTS,
     ENV_VARS,

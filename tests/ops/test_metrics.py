@@ -7,7 +7,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from rlstream.obs.metrics import (
+from runtime.metrics import (
     BREAKER_HALF_OPEN,
     BREAKER_OPEN,
     LATENCY_BUCKETS,

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from rlstream.obs import ports
+from runtime import ports
 
 
 def test_role_ports_are_distinct_and_the_readme_names_the_colocated_one() -> None:

@@ -17,7 +17,7 @@ import torch
 from agents.dpo import segment_log_prob
 from agents.networks import Policy
 from rlstream.policies import policy_from_arch
-from rlstream.replay import build_segments, pair_segments, run_replay
+from logtools.replay import build_segments, pair_segments, run_replay
 from schemas.events import DeadLetter, PreferencePair, SampleBatch, now_ms
 from schemas.weights import decode_weights
 from streams.topics import DEADLETTER, PREFERENCES, SAMPLES_RAW

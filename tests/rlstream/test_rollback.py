@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from learner.snapshots import open_store
-from rlstream.rollback import RollbackError, rollback
-from rlstream.subscribe import PolicyFeed
+from logtools.rollback import RollbackError, rollback
+from logtools.subscribe import PolicyFeed
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 import torch
 
-from rlstream.serve import serve
+from logtools.serve import serve
 from schemas.events import PolicyVersion, now_ms
 from streams.topics import DEADLETTER, POLICY_VERSIONS
 from tests.support import wait_for

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from rlstream.subscribe import PolicyFeed, follow, newest_version
+from logtools.subscribe import PolicyFeed, follow, newest_version
 from streams.topics import DEADLETTER, POLICY_VERSIONS
 
 

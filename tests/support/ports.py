@@ -14,7 +14,7 @@ def free_port() -> int:
 
 def free_ports(n: int) -> list[int]:
     """``n`` distinct free ports whose first two are adjacent (LocalKafka's controller is port + 1)."""
-    from rlstream.broker import port_is_free
+    from localkafka.broker import port_is_free
 
     for _ in range(100):
         base = free_port()

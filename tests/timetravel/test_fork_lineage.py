@@ -6,10 +6,10 @@ import json
 
 from .recorded import UPDATES
 from learner.provenance import digest
-from rlstream.timetravel.fork import fork
-from rlstream.timetravel.lineage import lineage
-from rlstream.timetravel.record import load
-from rlstream.timetravel.verify import format_report, recorded_weights, verify
+from logtools.timetravel.fork import fork
+from logtools.timetravel.lineage import lineage
+from logtools.timetravel.record import load
+from logtools.timetravel.verify import format_report, recorded_weights, verify
 from .test_verify_colocated import cli
 
 V = 2

@@ -9,9 +9,9 @@ import urllib.request
 import pytest
 
 from rlstream.config import BusConfig
-from rlstream.serve import PolicyServer
-from rlstream.subscribe import PinNotFound, PolicyFeed, parse_at
-from rlstream.timetravel.record import load
+from logtools.serve import PolicyServer
+from logtools.subscribe import PinNotFound, PolicyFeed, parse_at
+from logtools.timetravel.record import load
 
 from .recorded import copy_run
 

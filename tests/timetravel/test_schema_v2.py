@@ -7,8 +7,8 @@ import io
 
 import fastavro
 
-from rlstream.timetravel.verify import MISSING, verify
-from rlstream.timetravel.record import Recorded
+from logtools.timetravel.verify import MISSING, verify
+from logtools.timetravel.record import Recorded
 from schemas.codec import MAGIC, Codec
 from schemas.events import GradientStep, PolicyVersion, to_datum
 from streams.bus.base import Record

@@ -11,8 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from .recorded import UPDATES, copy_run, tamper_prepared
-from rlstream.timetravel.record import load
-from rlstream.timetravel.verify import ALTERED, MISSING, format_report, verify
+from logtools.timetravel.record import load
+from logtools.timetravel.verify import ALTERED, MISSING, format_report, verify
 from streams.bus.filelog import encode_frame, read_partition
 from streams.topics import SAMPLES_PREPARED
 

@@ -10,9 +10,9 @@ import uuid
 import pytest
 
 from rlstream.config import BusConfig
-from rlstream.timetravel.lineage import lineage
-from rlstream.timetravel.record import load
-from rlstream.timetravel.verify import format_report, verify
+from logtools.timetravel.lineage import lineage
+from logtools.timetravel.record import load
+from logtools.timetravel.verify import format_report, verify
 
 from .recorded import ENV_ID
 from .test_verify_colocated import cli

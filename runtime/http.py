@@ -45,7 +45,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from rlstream.obs.logging import get_logger
+from runtime.logging import get_logger
 
 __all__ = [
     "HealthChecks",
@@ -250,7 +250,7 @@ class MetricsServer:
     """HTTP server for ``/metrics``, ``/healthz``, ``/readyz`` (and extra routes).
 
     Args:
-        metrics: a ``rlstream.obs.metrics.Metrics`` (anything with ``.registry``)
+        metrics: a ``runtime.metrics.Metrics`` (anything with ``.registry``)
             or a prometheus ``Collector``/``CollectorRegistry``.
         health: the process's ``HealthChecks``; a fresh, empty one if omitted.
         host: address to bind (``0.0.0.0`` in containers, ``127.0.0.1`` in tests).

@@ -25,7 +25,7 @@ from agents.core import Algorithm
 from learner.batching import StreamIds, to_trajectory_batch
 from learner.provenance import determinism, digest, record_digest
 from rlstream.policies import weights_bytes
-from rlstream.timetravel.record import Recorded
+from logtools.timetravel.record import Recorded
 from schemas.errors import CodecError
 from schemas.events import GradientStep, PolicyVersion
 from schemas.weights import decode_weights

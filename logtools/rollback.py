@@ -28,7 +28,7 @@ from agents.networks import Policy
 from learner.snapshots import SnapshotError, open_store
 from rlstream.config import BusConfig
 from rlstream.policies import BlobStore, arch_of, make_policy_version, publish_policy_version, policy_from_arch
-from rlstream.subscribe import newest_version, open_events
+from logtools.subscribe import newest_version, open_events
 from schemas.errors import CodecError
 from schemas.weights import decode_weights, sha256
 from streams.bus.base import Bus

@@ -25,8 +25,8 @@ from learner.snapshots import open_store
 from rlstream import wiring
 from rlstream.config import BusConfig
 from rlstream.policies import arch_of, publish_policy_version
-from rlstream.timetravel.record import Recorded
-from rlstream.timetravel.verify import Replay, build_from_provenance, format_report, recorded_threads
+from logtools.timetravel.record import Recorded
+from logtools.timetravel.verify import Replay, build_from_provenance, format_report, recorded_threads
 from schemas.events import now_ms
 from streams.topics import SAMPLES_PREPARED
 

@@ -50,7 +50,7 @@ import torch
 from agents.dpo import PreferenceBatch
 from rlstream.config import BusConfig
 from rlstream.policies import arch_of, load_into
-from rlstream.subscribe import _decode, open_events
+from logtools.subscribe import _decode, open_events
 from schemas.errors import CodecError
 from schemas.events import DeadLetter, PolicyVersion, PreferencePair, PreparedBatch, SampleBatch, now_ms
 from schemas.weights import encode_weights

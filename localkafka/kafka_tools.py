@@ -10,9 +10,9 @@ What a Kafka user would check rlstream with, so tests can assert against it::
     consumer_perf(b, "t", messages=10000)                     # {"MB.sec": ..., "nMsg.sec": ...}
 
 The jars (``org.apache.kafka:kafka-tools:<broker version>`` and its runtime deps) are fetched
-with mvn into ``<cache>/kafka-tools-<version>/lib`` (``rlstream.broker.fetch_maven``).
+with mvn into ``<cache>/kafka-tools-<version>/lib`` (``localkafka.broker.fetch_maven``).
 ``command_config`` (a dict) becomes the tools' ``--command-config`` file (SASL/SSL settings).
-Standard library only, like ``rlstream.broker``.
+Standard library only, like ``localkafka.broker``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Mapping
 
-from rlstream import broker
+from localkafka import broker
 
 CONSUMER_GROUPS = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"
 PRODUCER_PERF = "org.apache.kafka.tools.ProducerPerformance"

@@ -1,6 +1,6 @@
 """Ports, environment variable names and CLI command names: the one source of truth.
 
-Every process runs one small HTTP server (``rlstream.obs.http.MetricsServer``)
+Every process runs one small HTTP server (``runtime.http.MetricsServer``)
 serving ``/metrics``, ``/healthz`` and ``/readyz`` on the port of its role.
 ``compose/`` and ``compose/k8s/`` are tested against this module
 (``tests/ops/test_manifests.py``), so a port or variable renamed here and not
@@ -42,7 +42,7 @@ ENV_BUS = "RLSTREAM_BUS"
 #: Snapshot store URL or path (``file:///data/snapshots``, ``redis://redis:6379/0``);
 #: see ``learner.snapshots.open_store``.
 ENV_SNAPSHOT_STORE = "RLSTREAM_SNAPSHOT_STORE"
-#: Run identifier bound into every log line (``rlstream.obs.logging``).
+#: Run identifier bound into every log line (``runtime.logging``).
 ENV_RUN_ID = "RLSTREAM_RUN_ID"
 #: Actor index (its id is ``actor-<index>``). Set per pod by compose/k8s/actor.yaml
 #: from the StatefulSet ordinal and passed as ``rlstream actor --index``.

@@ -38,11 +38,11 @@ import torch
 
 from agents.networks import Policy
 from rlstream.config import BusConfig
-from rlstream.obs.http import HealthChecks, MetricsServer, Request, Response, json_response
-from rlstream.obs.logging import get_logger
-from rlstream.obs.metrics import Metrics
+from runtime.http import HealthChecks, MetricsServer, Request, Response, json_response
+from runtime.logging import get_logger
+from runtime.metrics import Metrics
 from rlstream.policies import BlobStore, arch_of
-from rlstream.subscribe import PolicyFeed, PolicyUpdate, open_events
+from logtools.subscribe import PolicyFeed, PolicyUpdate, open_events
 from schemas.errors import CodecError
 from streams.bus.base import Bus
 from streams.events import EventBus

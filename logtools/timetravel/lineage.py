@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from rlstream.timetravel.record import Recorded, RunNotFound, dead_letter_batch_id, load
+from logtools.timetravel.record import Recorded, RunNotFound, dead_letter_batch_id, load
 from rlstream.wiring import actor_seed
 
 
