@@ -102,9 +102,10 @@ class Actor:
         return np.asarray(obs, dtype=np.float32)
 
     def step(self, policy_timeout: float = 0.0) -> SampleBatch | None:
-        """Adopt a newer policy if any, collect one fragment and publish it (None: no policy
-        yet, or the flow holds the actor back)."""
-        self.subscriber.poll(policy_timeout)
+        """Adopt a newer policy if any (waiting up to ``policy_timeout`` for the first one),
+        collect one fragment and publish it (None: no policy yet, or the flow holds the actor
+        back). The role protocol's step (``runtime.roles.Role``)."""
+        self.subscriber.poll(policy_timeout if self.subscriber.policy is None else 0.0)
         if self.subscriber.policy is None:
             return None
         flow = self.flow
@@ -224,3 +225,9 @@ class Actor:
     def close(self) -> None:
         self.env.close()
         self.subscriber.close()
+
+    def summary(self) -> dict:
+        """What this actor did (the role protocol's summary)."""
+        return {"role": "actor", "actor_id": self.config.actor_id, "steps": self.steps, "seq": self.seq,
+                "rejected_fragments": self.rejected, "policy_versions_adopted": self.subscriber.adopted,
+                "cut_fragments": self.cut_fragments}

@@ -334,6 +334,12 @@ class Learner:
         }
         self.snapshots.save(self.model_version, self.algo.policy.state_dict(), meta, state=self.algo.state_dict())
 
+    def summary(self) -> dict[str, Any]:
+        """What this learner did (the role protocol's summary)."""
+        return {"role": "learner", "updates": self.stats.updates, "final_version": self.version,
+                "policy_id": self.config.policy_id, "samples_trained": self.stats.samples_trained,
+                "duplicates_skipped": self.stats.duplicates_skipped, "last_metrics": self.stats.last_metrics}
+
     def close(self) -> None:
         if self.consumer is not None:
             self.consumer.close()

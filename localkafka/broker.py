@@ -2,8 +2,9 @@
 
 Fetches the Kafka jars from Maven Central with ``mvn``, formats a KRaft
 storage directory and runs a single-node combined broker+controller on
-127.0.0.1.  Readiness is a real Kafka protocol round trip (ApiVersions, then
-Metadata showing this broker as alive), never a sleep.
+127.0.0.1.  Readiness is a Kafka client's metadata request listing this broker as alive
+(librdkafka's admin client, or Kafka's own api-versions tool before the package's
+dependencies are installed), never a sleep.
 
 Standard library only: it must run before the package's dependencies are
 installed (``python3 -m localkafka.broker start`` from the repo root).
@@ -41,7 +42,6 @@ import re
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -77,9 +77,6 @@ MARKER = ".rlstream-complete"
 PID_FILE = "broker.pid"
 STATE_FILE = "broker.json"
 STDOUT_LOG = "broker.out"
-
-API_VERSIONS_KEY = 18
-METADATA_KEY = 3
 
 # Loggers that flood a dev broker's log at INFO.
 NOISY_LOGGERS = (
@@ -298,167 +295,90 @@ def render_properties(props: Mapping[str, str]) -> str:
 
 
 # --------------------------------------------------------------------------
-# Kafka wire protocol probe
+# Readiness probe: a TCP connect, then a Kafka client asks the broker for its metadata.
+# With confluent-kafka importable (the installed package) that is librdkafka's admin client;
+# before the package is installed (``.ci/run`` starts the broker with the system python3,
+# stdlib only) it is Kafka's own BrokerApiVersionsCommand from the fetched jars.
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("connection closed by peer")
-        buf += chunk
-    return bytes(buf)
-
-
-def _request(api_key: int, api_version: int, correlation_id: int, body: bytes = b"",
-             client_id: str = "rlstream-probe") -> bytes:
-    """Frame a request with header v1 (non-flexible): key, version, corr id, client id."""
-    cid = client_id.encode()
-    header = struct.pack(">hhih", api_key, api_version, correlation_id, len(cid)) + cid
-    payload = header + body
-    return struct.pack(">i", len(payload)) + payload
-
-
-def _roundtrip(sock: socket.socket, request: bytes, correlation_id: int,
-               max_size: int = 1 << 20) -> bytes:
-    sock.sendall(request)
-    (size,) = struct.unpack(">i", _recv_exact(sock, 4))
-    if size < 4 or size > max_size:
-        raise ValueError(f"implausible response size {size}")
-    data = _recv_exact(sock, size)
-    (corr,) = struct.unpack_from(">i", data, 0)
-    if corr != correlation_id:
-        raise ValueError(f"correlation id mismatch: sent {correlation_id}, got {corr}")
-    return data[4:]
-
-
-def parse_api_versions_v0(body: bytes) -> tuple[int, dict[int, tuple[int, int]]]:
-    """ApiVersions v0 response body -> (error_code, {api_key: (min, max)})."""
-    error_code, count = struct.unpack_from(">hi", body, 0)
-    if count < 0 or 6 + 6 * count > len(body):
-        raise ValueError(f"bad ApiVersions array length {count}")
-    apis = {}
-    for i in range(count):
-        key, lo, hi = struct.unpack_from(">hhh", body, 6 + 6 * i)
-        apis[key] = (lo, hi)
-    return error_code, apis
-
-
-class _Reader:
-    def __init__(self, data: bytes) -> None:
-        self.data, self.pos = data, 0
-
-    def unpack(self, fmt: str):
-        vals = struct.unpack_from(fmt, self.data, self.pos)
-        self.pos += struct.calcsize(fmt)
-        return vals if len(vals) > 1 else vals[0]
-
-    def string(self) -> str | None:
-        n = self.unpack(">h")
-        if n < 0:
-            return None
-        s = self.data[self.pos:self.pos + n].decode("utf-8", "replace")
-        self.pos += n
-        return s
-
-
-def metadata_v4_request(topics: Sequence[str] | None = None,
-                        allow_auto_create: bool = False) -> bytes:
-    """Metadata v4 request body: topics (null = all) and allow_auto_topic_creation."""
-    if topics is None:
-        body = struct.pack(">i", -1)
-    else:
-        body = struct.pack(">i", len(topics))
-        for t in topics:
-            raw = t.encode()
-            body += struct.pack(">h", len(raw)) + raw
-    return body + struct.pack(">b", 1 if allow_auto_create else 0)
-
-
-def parse_metadata_v4(body: bytes) -> dict:
-    """Metadata v4 response -> {brokers: [(id, host, port)], cluster_id, controller_id,
-    topics: {name: {"error_code": int, "partitions": int}}}."""
-    r = _Reader(body)
-    r.unpack(">i")  # throttle_time_ms
-    brokers = []
-    for _ in range(r.unpack(">i")):
-        node_id = r.unpack(">i")
-        host = r.string() or ""
-        port = r.unpack(">i")
-        r.string()  # rack
-        brokers.append((node_id, host, port))
-    cluster_id = r.string()
-    controller_id = r.unpack(">i")
-    topics = {}
-    for _ in range(r.unpack(">i")):
-        error_code = r.unpack(">h")
-        name = r.string() or ""
-        r.unpack(">b")  # is_internal
-        n_parts = r.unpack(">i")
-        for _ in range(n_parts):
-            r.unpack(">hii")  # error_code, partition_index, leader_id
-            for _ in range(2):  # replica_nodes, isr_nodes
-                count = r.unpack(">i")
-                r.pos += 4 * max(count, 0)
-        topics[name] = {"error_code": error_code, "partitions": max(n_parts, 0)}
-    return {"brokers": brokers, "cluster_id": cluster_id, "controller_id": controller_id,
-            "topics": topics}
-
-
-def metadata(host: str = HOST, port: int = DEFAULT_PORT, topics: Sequence[str] | None = None,
-             *, allow_auto_create: bool = False, timeout: float = 5.0) -> dict:
-    """One Metadata v4 round trip (see :func:`parse_metadata_v4`).  With
-    ``allow_auto_create`` the broker creates missing ``topics`` (if
-    auto.create.topics.enable), which makes a stdlib-only topic creation."""
-    with socket.create_connection((host, port), timeout=timeout) as sock:
-        sock.settimeout(timeout)
-        req = _request(METADATA_KEY, 4, 7, metadata_v4_request(topics, allow_auto_create))
-        return parse_metadata_v4(_roundtrip(sock, req, 7, max_size=64 << 20))
-
-
-def probe(host: str, port: int, timeout: float = 2.0, *, check_metadata: bool = True) -> dict:
-    """One Kafka protocol round trip against host:port.
-
-    Returns a dict with ``listening`` (TCP connect worked), ``kafka`` (a
-    well-formed ApiVersions response came back), ``ready`` (error_code 0 and,
-    when ``check_metadata``, a Metadata response listing at least one alive broker)
-    and ``error`` (why not, as text)."""
-    out: dict = {"listening": False, "kafka": False, "ready": False, "error": None}
+def _listening(host: str, port: int, timeout: float) -> str | None:
+    """None when a TCP connect to host:port works, else why not."""
     try:
-        sock = socket.create_connection((host, port), timeout=timeout)
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
     except OSError as exc:
-        out["error"] = f"connect: {exc}"
+        return f"connect: {exc}"
+
+
+def _admin_probe(host: str, port: int, timeout: float) -> tuple[list, str | None]:
+    """(alive brokers, error) from librdkafka's metadata request."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": f"{host}:{port}", "log_level": 0,
+                         "socket.connection.setup.timeout.ms": max(1000, int(timeout * 1000))})
+    try:
+        md = admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        return [], f"no Kafka metadata within {timeout:g}s (timed out: {exc.args[0]})"
+    return sorted((b.id, b.host, b.port) for b in md.brokers.values()), None
+
+
+API_VERSIONS_LINE = re.compile(r"^(\S+):(\d+) \(id: (-?\d+) rack: \S+\) -> \(", re.M)
+
+
+def api_versions_tool(version: str) -> str:
+    """Main class of Kafka's broker-api-versions tool in ``version``."""
+    return ("org.apache.kafka.tools.BrokerApiVersionsCommand" if major_version(version) >= 4
+            else "kafka.admin.BrokerApiVersionsCommand")
+
+
+def _java_probe(host: str, port: int, timeout: float) -> tuple[list, str | None]:
+    """(alive brokers, error) from Kafka's own ``kafka-broker-api-versions`` tool."""
+    version = default_version()
+    if not is_fetched(version):
+        return [], f"Kafka {version} jars not fetched; cannot run its api-versions tool"
+    java = find_java()
+    cmd = [java, "-Xmx128m", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
+           f"-Dlog4j.configuration=file:{write_log_config(version)}",
+           "-cp", str(lib_dir(version) / "*"), api_versions_tool(version),
+           "--bootstrap-server", f"{host}:{port}"]
+    # The JVM's start alone takes seconds on a loaded machine: the client's own timeout
+    # bounds the request, this bounds the process.
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=max(timeout, 60.0))
+    except subprocess.TimeoutExpired:
+        return [], "kafka-broker-api-versions timed out"
+    brokers = [(int(i), h, int(p)) for h, p, i in API_VERSIONS_LINE.findall(res.stdout)]
+    if brokers:
+        return brokers, None
+    lines = (res.stderr + res.stdout).splitlines()
+    why = next((ln.strip() for ln in lines if "Exception" in ln or "Error" in ln), _tail(res.stderr, 1))
+    return [], f"kafka-broker-api-versions exit {res.returncode}: {why}"
+
+
+def probe(host: str, port: int, timeout: float = 2.0, *, via: str | None = None) -> dict:
+    """Whether a Kafka broker is ready on host:port.
+
+    ``via`` picks the client (``confluent-kafka`` or ``java``); by default confluent-kafka
+    when importable, else java.  Returns ``listening`` (TCP connect worked), ``kafka`` and ``ready`` (a Kafka client got
+    metadata listing at least one alive broker), ``brokers`` ((id, host, port) each),
+    ``via`` (``confluent-kafka`` or ``java``) and ``error`` (why not, as text)."""
+    out: dict = {"listening": False, "kafka": False, "ready": False, "brokers": [],
+                 "via": None, "error": _listening(host, port, timeout)}
+    if out["error"] is not None:
         return out
     out["listening"] = True
-    try:
-        with sock:
-            sock.settimeout(timeout)
-            body = _roundtrip(sock, _request(API_VERSIONS_KEY, 0, 1), 1)
-            error_code, apis = parse_api_versions_v0(body)
-            out["kafka"] = True
-            out["api_versions_error"] = error_code
-            if error_code != 0:
-                out["error"] = f"ApiVersions error_code {error_code}"
-                return out
-            if not check_metadata:
-                out["ready"] = True
-                return out
-            lo, hi = apis.get(METADATA_KEY, (0, -1))
-            if not lo <= 4 <= hi:
-                # Cannot speak our Metadata version; ApiVersions is enough.
-                out["ready"] = True
-                return out
-            # Metadata v4 for no topic at all: just the alive brokers.
-            req = _request(METADATA_KEY, 4, 2, metadata_v4_request([]))
-            brokers = parse_metadata_v4(_roundtrip(sock, req, 2))["brokers"]
-            out["brokers"] = brokers
-            if brokers:
-                out["ready"] = True
-            else:
-                out["error"] = "Metadata lists no alive broker yet"
-    except (OSError, ValueError, struct.error, ConnectionError) as exc:
-        out["error"] = f"{type(exc).__name__}: {exc}"
+    if via is None:
+        try:
+            import confluent_kafka  # noqa: F401  (installed with the package)
+            via = "confluent-kafka"
+        except ImportError:
+            via = "java"
+    out["via"] = via
+    check = {"confluent-kafka": _admin_probe, "java": _java_probe}[via]
+    out["brokers"], out["error"] = check(host, port, timeout)
+    out["kafka"] = out["ready"] = bool(out["brokers"])
     return out
 
 
@@ -850,7 +770,7 @@ class LocalKafka:
     def _preflight(self) -> None:
         """Refuse ports held by something else (and say whether it is a Kafka)."""
         for port, what in ((self.port, "broker"), (self.controller_port, "controller")):
-            p = probe(HOST, port, timeout=2.0, check_metadata=False)
+            p = probe(HOST, port, timeout=2.0)
             if p["kafka"]:
                 raise PortBusyError(
                     f"a Kafka broker not managed from {self.data_dir} already answers on "

@@ -19,6 +19,7 @@ from runtime.logging import bind_policy_version
 from runtime.metrics import Metrics
 from runtime.tensorboard import TensorBoardRun
 from runtime.progress import Progress
+from runtime.roles import Slot, drive, write_summary
 from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW
 
 
@@ -66,14 +67,10 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
               for i in range(cfg.num_actors)]
     if log is not None:
         log.info("train_start", **wiring.describe(cfg), policy_version=learner.version)
+    roles = {**{f"actor-{i}": a for i, a in enumerate(actors)}, "streams": worker, "learner": learner}
     try:
-        while progress.steps < cfg.total_steps and not stop.is_set():
-            for a in actors:
-                a.step()
-            while worker.step(0.0):
-                pass
-            learner.step(0.0)
-            progress.maybe_log()
+        drive([*(Slot(a) for a in actors), Slot(worker, drain=True), Slot(learner)],
+              done=lambda: progress.steps >= cfg.total_steps, stop=stop, on_round=progress.maybe_log)
         progress.maybe_log(force=True)
     finally:
         for a in actors:
@@ -84,6 +81,8 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
         worker.close()
         tb_actor.close()
         tb_learner.close()
+    for name, role in roles.items():
+        write_summary(cfg.run_dir, name, role.summary())
     summary = progress.summary()
     stats = worker.prepare.stats.as_dict()
     summary.update({

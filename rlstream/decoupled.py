@@ -27,11 +27,13 @@ from runtime.ports import (
     ENV_METRICS_PORT,
     ENV_NAMESPACE,
     ENV_POLICY_ID,
+    ENV_RUN_DIR,
     ENV_STALENESS_K,
     ENV_STALENESS_MODE,
     ENV_STALENESS_MS,
 )
 from runtime.progress import Progress, read_state
+from runtime.roles import Slot, clear_summaries, drive, read_summaries, write_summary
 from streams.topics import LEARNER_GROUP, SAMPLES_PREPARED, SAMPLES_RAW, STREAMS_GROUP
 
 #: File in a decoupled run's directory naming its namespace (``--resume`` reads it).
@@ -105,13 +107,8 @@ def run_actor(cfg: TrainConfig, index: int, log: Any = None, stop: threading.Eve
                                            {"version": actor.subscriber.version}))
         health.register("learner_progress", lambda: (not flow.stalled, stall()))
     try:
-        while not stop.is_set() and not flow.exhausted:
-            batch = actor.step(policy_timeout=0.5 if actor.subscriber.policy is None else 0.0)
-            if health is not None:
-                health.heartbeat("loop")  # waiting for a version or for room is alive, too
-            if batch is not None:
-                bus.flush()
-            progress.maybe_log()
+        drive([Slot(actor, timeout=0.5)], done=lambda: flow.exhausted, stop=stop,
+              on_round=_round(bus, health, progress))  # waiting for a version or for room is alive, too
         progress.maybe_log(force=True)
     finally:
         actor.close()
@@ -121,9 +118,23 @@ def run_actor(cfg: TrainConfig, index: int, log: Any = None, stop: threading.Eve
     learning = {k: v for k, v in progress.summary().items() if k in ("return_mean20", "first_returns_mean")}
     learning.update(progress.write(cfg.run_dir / f"actor-{index}", cfg.plot,
                                    f"{cfg.algo} on {cfg.env_id} (decoupled, actor-{index})"))
-    return {"role": "actor", "actor_id": actor.config.actor_id, "steps": progress.steps, "seq": actor.seq, **learning,
-            "rejected_fragments": actor.rejected, "policy_versions_adopted": actor.subscriber.adopted,
-            "flow": flow.stats(), "policy_latency_ms": quantiles_ms(latencies)}
+    summary = {**actor.summary(), "steps": progress.steps, **learning,
+               "flow": flow.stats(), "policy_latency_ms": quantiles_ms(latencies)}
+    write_summary(cfg.run_dir, f"actor-{index}", summary)
+    return summary
+
+
+def _round(flush: Any, health: Any, progress: Progress):
+    """What a decoupled child does after each round of its role: flush what it produced (an
+    actor's fragment), heartbeat (a role waiting for data, a version or room is alive) and log
+    progress."""
+    def after() -> None:
+        if flush is not None:
+            flush.flush()
+        if health is not None:
+            health.heartbeat("loop")
+        progress.maybe_log()
+    return after
 
 
 def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None = None,
@@ -169,11 +180,8 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
     started = time.perf_counter()
     max_updates = max(1, cfg.total_steps // cfg.train_batch_size)
     try:
-        while not stop.is_set() and learner.stats.updates < max_updates:
-            learner.step(0.2)
-            if health is not None:
-                health.heartbeat("loop")  # a learner paused by its breaker or waiting for data is alive
-            progress.maybe_log()
+        drive([Slot(learner, timeout=0.2)], done=lambda: learner.stats.updates >= max_updates, stop=stop,
+              on_round=_round(None, health, progress))
         progress.maybe_log(force=True)
     finally:
         if learner.stats.updates:
@@ -182,12 +190,10 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
         bus.flush()
         bus.close()
         tb.close()
-    return {"role": "learner", "updates": learner.stats.updates, "final_version": learner.version,
-            "policy_id": cfg.policy_id, "wall_s": round(time.perf_counter() - started, 3),
-            "samples_trained": learner.stats.samples_trained,
-            "duplicates_skipped": learner.stats.duplicates_skipped,
-            "breaker_trips": breaker.trips,
-            "last_metrics": learner.stats.last_metrics}
+    summary = {**learner.summary(), "wall_s": round(time.perf_counter() - started, 3),
+               "breaker_trips": breaker.trips}
+    write_summary(cfg.run_dir, "learner", summary)
+    return summary
 
 
 def _role_cmd(role: str, cfg: TrainConfig, extra: list[str]) -> list[str]:
@@ -295,6 +301,7 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     (cfg.run_dir / NAMESPACE_FILE).write_text(cfg.bus.namespace + "\n")
     for old in cfg.run_dir.glob("*.state.json"):
         old.unlink()  # a previous run's figures are not this run's
+    clear_summaries(cfg.run_dir)
     env = dict(os.environ)
     env[ENV_KAFKA_BROKERS] = cfg.bus.bootstrap
     env.pop(ENV_METRICS_PORT, None)
@@ -360,13 +367,7 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-    summaries = {}
-    for name in procs:
-        text = log_path(name).read_text(errors="replace")
-        for line in reversed(text.splitlines()):
-            if line.startswith('{"summary"'):
-                summaries[name] = json.loads(line)["summary"]
-                break
+    summaries = read_summaries(cfg.run_dir, procs)
     summary = {"mode": "decoupled", "namespace": cfg.bus.namespace, "ended": ended, "learner_exit": rc,
                "processes": summaries,
                "exit_codes": {n: p.returncode for n, p in procs.items()}}
@@ -379,5 +380,5 @@ def streams_env(cfg: TrainConfig) -> dict[str, str]:
     p = cfg.prepare_config()
     out = {ENV_ALGO: cfg.algo, ENV_STALENESS_K: str(p.max_versions), ENV_STALENESS_MODE: p.staleness_mode,
            ENV_STALENESS_MS: "none" if p.max_ms is None else str(p.max_ms), ENV_POLICY_ID: cfg.policy_id,
-           ENV_NAMESPACE: cfg.bus.namespace}
+           ENV_NAMESPACE: cfg.bus.namespace, ENV_RUN_DIR: str(cfg.run_dir)}
     return out

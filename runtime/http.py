@@ -24,24 +24,25 @@ Usage at an entry point::
   raises counts as failed. Checks run on the request thread: keep them cheap
   (read state, do not do network round trips).
 
-The server is a stdlib ``ThreadingHTTPServer`` in a daemon thread; ``stop()``
-shuts the loop down, closes the socket (the port is free again) and joins the
-thread. ``port=0`` binds a free port; ``.port`` tells which. Extra routes
+The server is aiohttp's, on its own event loop in a daemon thread (handlers run on
+worker threads, so a slow one never blocks a probe); ``stop()`` closes the
+socket (the port is free again), ends the loop and joins the thread. ``port=0`` binds a free port; ``.port`` tells which. Extra routes
 (``add_route``) let ``rlstream serve`` put its inference endpoints on the same
 port.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
+from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
@@ -181,69 +182,8 @@ def json_response(obj: Any, status: int = 200) -> Response:
 Handler = Callable[[Request], Response]
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, addr: tuple[str, int], owner: MetricsServer) -> None:
-        self.owner = owner
-        super().__init__(addr, _RequestHandler)
-
-
-class _RequestHandler(BaseHTTPRequestHandler):
-    server: _Server
-    server_version = "rlstream"
-
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_HEAD(self) -> None:
-        self._dispatch("HEAD")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def do_PUT(self) -> None:
-        self._dispatch("PUT")
-
-    def do_DELETE(self) -> None:
-        self._dispatch("DELETE")
-
-    def _dispatch(self, method: str) -> None:
-        parts = urlsplit(self.path)
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            self._send(method, json_response({"error": "bad Content-Length"}, status=400))
-            return
-        body = self.rfile.read(length) if length > 0 else b""
-        req = Request(
-            method=method,
-            path=parts.path,
-            query=parse_qs(parts.query),
-            headers={k.lower(): v for k, v in self.headers.items()},
-            body=body,
-        )
-        try:
-            resp = self.server.owner._handle(req)
-        except Exception as exc:
-            _log.exception("http_handler_failed", path=req.path, method=method)
-            resp = json_response({"error": f"{type(exc).__name__}: {exc}"}, status=500)
-        self._send(method, resp)
-
-    def _send(self, method: str, resp: Response) -> None:
-        self.send_response(resp.status)
-        self.send_header("Content-Type", resp.content_type)
-        self.send_header("Content-Length", str(len(resp.body)))
-        for k, v in resp.headers.items():
-            self.send_header(k, v)
-        self.end_headers()
-        if method != "HEAD":
-            self.wfile.write(resp.body)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        # Scrapes and probes every few seconds would drown the logs.
-        pass
+#: Largest request body read; handlers apply their own, smaller limits (``rlstream serve``: 16 MiB).
+MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
 
 class MetricsServer:
@@ -271,7 +211,9 @@ class MetricsServer:
         self.health = health if health is not None else HealthChecks()
         self._host = host
         self._requested_port = port
-        self._server: _Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
         self._thread: threading.Thread | None = None
         self._routes: dict[tuple[str, str], Handler] = {}
         self._lock = threading.Lock()
@@ -279,45 +221,55 @@ class MetricsServer:
     # -- lifecycle -------------------------------------------------------
 
     def start(self) -> MetricsServer:
-        """Bind and serve in a daemon thread. Returns ``self``."""
+        """Bind and serve from an event loop in a daemon thread. Returns ``self``."""
         with self._lock:
-            if self._server is not None:
+            if self._runner is not None:
                 raise RuntimeError("server already started")
-            server = _Server((self._host, self._requested_port), self)
-            thread = threading.Thread(
-                target=server.serve_forever,
-                kwargs={"poll_interval": 0.1},
-                name=f"rlstream-http-{server.server_address[1]}",
-                daemon=True,
-            )
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((self._host, self._requested_port))
+            except OSError:
+                sock.close()
+                raise
+            loop = asyncio.new_event_loop()
+            app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+            app.router.add_route("*", "/{path:.*}", self._serve)
+            runner = web.AppRunner(app, access_log=None, handle_signals=False)
+            loop.run_until_complete(runner.setup())
+            loop.run_until_complete(web.SockSite(runner, sock).start())
+            port = int(sock.getsockname()[1])
+            thread = threading.Thread(target=loop.run_forever, name=f"rlstream-http-{port}", daemon=True)
             thread.start()
-            self._server, self._thread = server, thread
-        _log.info("http_server_started", host=self._host, port=self.port)
+            self._loop, self._runner, self._port, self._thread = loop, runner, port, thread
+        _log.info("http_server_started", host=self._host, port=port)
         return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop serving, release the port and join the thread (idempotent)."""
         with self._lock:
-            server, thread = self._server, self._thread
-            self._server, self._thread = None, None
-        if server is None:
+            loop, runner, port, thread = self._loop, self._runner, self._port, self._thread
+            self._loop = self._runner = self._port = self._thread = None
+        if loop is None or runner is None:
             return
-        server.shutdown()
-        server.server_close()
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout_s)
+        loop.call_soon_threadsafe(loop.stop)
         if thread is not None:
             thread.join(timeout_s)
-        _log.info("http_server_stopped", port=server.server_address[1])
+        if not loop.is_running():
+            loop.close()
+        _log.info("http_server_stopped", port=port)
 
     @property
     def running(self) -> bool:
-        return self._server is not None
+        return self._runner is not None
 
     @property
     def port(self) -> int:
         """The bound port (only while running)."""
-        if self._server is None:
+        if self._port is None:
             raise RuntimeError("server not running")
-        return int(self._server.server_address[1])
+        return self._port
 
     @property
     def url(self) -> str:
@@ -329,6 +281,27 @@ class MetricsServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+    async def _serve(self, request: web.Request) -> web.StreamResponse:
+        req = Request(
+            method=request.method,
+            path=request.path,
+            query={k: request.query.getall(k) for k in request.query.keys()},
+            headers={k.lower(): v for k, v in request.headers.items()},
+            body=await request.read(),
+        )
+        # Handlers are plain functions (inference, readiness checks): a worker thread runs
+        # them, so a slow one never holds up the probes.
+        resp = await asyncio.get_running_loop().run_in_executor(None, self._handle_safely, req)
+        return web.Response(status=resp.status, body=resp.body,
+                            headers={**resp.headers, "Content-Type": resp.content_type})
+
+    def _handle_safely(self, req: Request) -> Response:
+        try:
+            return self._handle(req)
+        except Exception as exc:
+            _log.exception("http_handler_failed", path=req.path, method=req.method)
+            return json_response({"error": f"{type(exc).__name__}: {exc}"}, status=500)
 
     # -- routing ---------------------------------------------------------
 

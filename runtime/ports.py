@@ -61,6 +61,9 @@ ENV_POLICY_ID = "RLSTREAM_POLICY_ID"
 #: ``--namespace``, the Faust worker included, so separately started processes agree; unset:
 #: the legacy unscoped topic and group names.
 ENV_NAMESPACE = "RLSTREAM_NAMESPACE"
+#: Run directory of a decoupled run, set for the Faust worker (started by faust's own CLI), which
+#: writes its summary there (``runtime.roles.write_summary``); unset: no summary file.
+ENV_RUN_DIR = "RLSTREAM_RUN_DIR"
 
 #: Every environment variable an rlstream process reads. Manifests may set no
 #: other variable on an rlstream container.
@@ -78,6 +81,7 @@ ENV_VARS: tuple[str, ...] = (
     ENV_ALGO,
     ENV_POLICY_ID,
     ENV_NAMESPACE,
+    ENV_RUN_DIR,
 )
 
 #: Sub-commands of the ``rlstream`` CLI (rlstream/cli.py is wired to this list).

@@ -480,9 +480,15 @@ class StreamsApp:
                 "dead_lettered": self.dead_lettered, "skipped": self.skipped, **self.prepare.stats.as_dict()}
 
     def write_summary(self) -> None:
-        """One ``{"summary": ...}`` line on the real stdout (the worker redirects ``sys.stdout``)."""
+        """One ``{"summary": ...}`` line on the real stdout (the worker redirects ``sys.stdout``),
+        and ``<run-dir>/streams.summary.json`` when the run directory is set."""
+        from runtime import roles
+        from runtime.ports import ENV_RUN_DIR
+
         out = sys.__stdout__ or sys.stdout
         try:
+            if os.environ.get(ENV_RUN_DIR):
+                roles.write_summary(os.environ[ENV_RUN_DIR], "streams", self.summary())
             out.write(json.dumps({"summary": self.summary()}, sort_keys=True, default=str) + "\n")
             out.flush()
         except Exception:

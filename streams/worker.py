@@ -205,6 +205,11 @@ class PrepareWorker:
         self.events.flush()
         self._commit()
 
+    def summary(self) -> dict[str, Any]:
+        """What this shell did (the role protocol's summary): the processors' stats."""
+        return {"role": "streams", "published": self.published, "dead_lettered": self.dead_lettered,
+                "skipped": self.skipped, **self.prepare.stats.as_dict()}
+
     def close(self) -> None:
         for c in (self.samples, self.policies):
             try:

@@ -1,6 +1,7 @@
-"""Tests for localkafka.broker (stdlib + pytest only).
+"""Tests for localkafka.broker.
 
-Unit tests run everywhere; the ``kafka`` marked test starts a real broker
+Unit tests run everywhere; the ``kafka`` marked tests probe the real broker with both clients
+(librdkafka's admin client and Kafka's own api-versions tool) and one starts a private broker
 (needs java, and mvn unless the jars are already cached)."""
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ import base64
 import json
 import shutil
 import socket
-import struct
 import threading
 import uuid
 
@@ -21,8 +21,6 @@ from localkafka.broker import (
     LocalKafka,
     PortBusyError,
     main,
-    metadata,
-    parse_api_versions_v0,
     probe,
     render_log4j,
     render_pom,
@@ -120,33 +118,34 @@ def test_probe_silent_server_times_out(serve):
     assert "timed out" in out["error"], out
 
 
+def _admin(bootstrap: str):
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": bootstrap})
+
+
+def _topics(bootstrap: str) -> set[str]:
+    return set(_admin(bootstrap).list_topics(timeout=30).topics)
+
+
 @pytest.mark.kafka
-def test_probe_and_metadata_agree_with_the_real_broker(kafka_bootstrap):
-    """The stdlib probe against the session's real broker, checked with librdkafka's view of it."""
-    from confluent_kafka.admin import AdminClient, NewTopic
-
+@pytest.mark.parametrize("via", ["confluent-kafka", "java"])
+def test_probe_agrees_with_the_real_broker(kafka_bootstrap, via):
+    """Either client's probe sees the session's real broker as the cluster describes itself."""
     host, port = _host_port(kafka_bootstrap)
-    out = probe(host, port, timeout=10)
-    assert out["listening"] and out["kafka"] and out["ready"] and out["api_versions_error"] == 0, out
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    if via == "java" and not broker.is_fetched(broker.default_version()):
+        pytest.skip("Kafka jars not fetched (the session broker is not a LocalKafka)")
+    out = probe(host, port, timeout=10, via=via)
+    assert out["listening"] and out["kafka"] and out["ready"] and out["via"] == via, out
+    admin = _admin(kafka_bootstrap)  # kept alive until its future resolves
     cluster = admin.describe_cluster(request_timeout=30).result(60)
-    assert sorted((n.id, n.host, n.port) for n in cluster.nodes) == sorted(tuple(b) for b in out["brokers"])
-    topic = f"rlstream-test-probe-{uuid.uuid4().hex[:8]}"
-    admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)])[topic].result(60)
-    try:
-        md = wait_for(lambda: (m := metadata(host, port, topics=[topic], timeout=10))["topics"][topic]["error_code"] == 0
-                      and m, 60, f"{topic} in Metadata")
-        assert md["cluster_id"] == cluster.cluster_id and md["controller_id"] == cluster.controller.id
-        assert md["topics"][topic]["partitions"] == 3
-        assert broker.is_ready(port, host=host)
-    finally:
-        admin.delete_topics([topic])[topic].result(60)
+    assert sorted((n.id, n.host, n.port) for n in cluster.nodes) == out["brokers"]
 
 
-def test_parse_api_versions_rejects_garbage():
-    with pytest.raises(ValueError):
-        parse_api_versions_v0(struct.pack(">hi", 0, 1000) + b"\0" * 6)
-    assert parse_api_versions_v0(struct.pack(">hihhh", 0, 1, 18, 0, 3)) == (0, {18: (0, 3)})
+@pytest.mark.parametrize("via", ["confluent-kafka", "java"])
+def test_probe_closed_port_not_ready_with_either_client(via):
+    out = probe("127.0.0.1", free_port(), timeout=0.5, via=via)
+    assert not out["listening"] and not out["ready"] and "connect" in out["error"]
 
 
 def test_port_held_by_non_kafka_is_refused(serve, tmp_path):
@@ -299,23 +298,29 @@ def test_start_stop_restart_keeps_data(tmp_path):
         assert kafka.is_ready() and kafka.is_running()
         pid1 = kafka.pid
         assert kafka.status()["ready"] is True
-        # create a topic through auto-creation (stdlib-only client)
-        wait_for(lambda: metadata(port=port, topics=[topic], allow_auto_create=True)["topics"][topic]["error_code"] == 0,
-                 30, f"auto-created {topic}")
+        from confluent_kafka.admin import NewTopic
+
+        admin = _admin(kafka.bootstrap)
+        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(60)
+        out = probe("127.0.0.1", port, timeout=10, via="java")
+        assert out["ready"], out
+        del admin  # no client left to retry against the stopped broker below
 
         # graceful restart on the same data dir keeps the topic
         kafka.restart(timeout=120)
         assert kafka.pid != pid1 and kafka.is_ready()
-        assert topic in metadata(port=port)["topics"]
+        assert topic in _topics(kafka.bootstrap)
 
         # crash (SIGKILL) and recover
         pid2 = kafka.pid
         assert kafka.kill()
         assert not broker._pid_alive(pid2) and not kafka.is_ready()
         kafka.start(timeout=120)
-        assert topic in metadata(port=port)["topics"]
+        assert topic in _topics(kafka.bootstrap)
     finally:
         kafka.stop()
+    for via in ("confluent-kafka", "java"):
+        assert not probe("127.0.0.1", port, timeout=2, via=via)["ready"]
     assert not kafka.is_running()
     assert broker.port_is_free(port) and broker.port_is_free(ctrl)
     assert not (tmp_path / "kafka" / "broker.pid").exists()

@@ -1,0 +1,87 @@
+"""The role protocol, the one driver loop and role summary files (runtime/roles.py)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+from actor.actor import Actor
+from learner.learner import Learner
+from rlstream.colocated import run_colocated
+from rlstream.config import BusConfig, TrainConfig
+from runtime.roles import Role, Slot, clear_summaries, drive, read_summaries, summary_path, write_summary
+from streams.worker import PrepareWorker
+
+
+class Counter:
+    """A role with ``work`` units queued: each step does one, then it is idle."""
+
+    def __init__(self, work: int = 0) -> None:
+        self.work, self.steps, self.timeouts = work, 0, []
+
+    def step(self, timeout: float = 0.0) -> int:
+        self.steps += 1
+        self.timeouts.append(timeout)
+        if self.work:
+            self.work -= 1
+            return 1
+        return 0
+
+    def close(self) -> None:
+        pass
+
+    def summary(self) -> dict:
+        return {"steps": self.steps}
+
+
+@pytest.mark.parametrize("cls", [Actor, Learner, PrepareWorker])
+def test_every_role_has_the_protocol(cls):
+    assert issubclass(cls, Role)
+
+
+def test_drive_stops_when_done_and_drains_drain_slots():
+    a, w = Counter(), Counter(work=3)
+    rounds = []
+    ended = drive([Slot(a, timeout=0.5), Slot(w, drain=True)], done=lambda: len(rounds) >= 2,
+                  on_round=lambda: rounds.append(1))
+    assert ended == "done" and len(rounds) == 2
+    assert a.steps == 2 and a.timeouts == [0.5, 0.5]
+    assert w.steps == 5  # round 1: 3 units then one idle step; round 2: one idle step
+
+
+def test_drive_ends_on_stop_and_on_deadline():
+    stop = threading.Event()
+    role = Counter()
+    assert drive([Slot(role)], stop=stop, on_round=lambda: role.steps >= 3 and stop.set()) == "stopped"
+    assert role.steps == 3
+    t0 = time.monotonic()
+    assert drive([Slot(Counter())], deadline=t0 + 0.2) == "deadline"
+    assert time.monotonic() - t0 >= 0.2
+
+
+def test_summary_files_round_trip(tmp_path):
+    write_summary(tmp_path, "learner", {"updates": 2})
+    write_summary(tmp_path, "actor-0", {"steps": 64})
+    assert read_summaries(tmp_path, ["learner", "actor-0", "streams"]) == {
+        "learner": {"updates": 2}, "actor-0": {"steps": 64}}  # streams wrote none
+    clear_summaries(tmp_path)
+    assert not summary_path(tmp_path, "learner").exists() and read_summaries(tmp_path, ["learner"]) == {}
+
+
+def test_colocated_run_writes_each_roles_summary(tmp_path):
+    """A tiny co-located run: one driver loop over real roles, each role's summary in a file."""
+    torch.set_num_threads(1)
+    cfg = TrainConfig(env_id="CartPole-v1", total_steps=512, num_envs=4, train_batch_size=256, seed=1,
+                      run_dir=tmp_path, log_every_s=1e9, plot=False, tensorboard=None,
+                      bus=BusConfig(log_dir=str(tmp_path / "log")))
+    s = run_colocated(cfg)
+    roles = read_summaries(tmp_path, ["actor-0", "streams", "learner"])
+    assert roles["learner"]["updates"] == s["updates"] == 2
+    assert roles["learner"]["final_version"] == s["final_policy_version"]
+    assert roles["actor-0"]["steps"] == s["steps"] and roles["actor-0"]["seq"] == s["events"]["rl.samples.raw"]
+    assert roles["streams"]["emitted_batches"] == s["streams"]["emitted_batches"] == s["events"]["rl.samples.prepared"]
+    assert json.loads((tmp_path / "summary.json").read_text())["updates"] == 2
