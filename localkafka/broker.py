@@ -333,16 +333,19 @@ def api_versions_tool(version: str) -> str:
             else "kafka.admin.BrokerApiVersionsCommand")
 
 
+def _tool_cmd(version: str, main: str, *args: str) -> list[str]:
+    """Command line of one of Kafka's own command-line tools from the fetched jars."""
+    log = ("-Dlog4j2.configurationFile=" if major_version(version) >= 4 else "-Dlog4j.configuration=file:")
+    return [find_java(), "-Xmx128m", "-XX:TieredStopAtLevel=1", f"{log}{write_log_config(version)}",
+            "-cp", str(lib_dir(version) / "*"), main, *args]
+
+
 def _java_probe(host: str, port: int, timeout: float) -> tuple[list, str | None]:
     """(alive brokers, error) from Kafka's own ``kafka-broker-api-versions`` tool."""
     version = default_version()
     if not is_fetched(version):
         return [], f"Kafka {version} jars not fetched; cannot run its api-versions tool"
-    java = find_java()
-    cmd = [java, "-Xmx128m", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
-           f"-Dlog4j.configuration=file:{write_log_config(version)}",
-           "-cp", str(lib_dir(version) / "*"), api_versions_tool(version),
-           "--bootstrap-server", f"{host}:{port}"]
+    cmd = _tool_cmd(version, api_versions_tool(version), "--bootstrap-server", f"{host}:{port}")
     # The JVM's start alone takes seconds on a loaded machine: the client's own timeout
     # bounds the request, this bounds the process.
     try:
@@ -355,6 +358,38 @@ def _java_probe(host: str, port: int, timeout: float) -> tuple[list, str | None]
     lines = (res.stderr + res.stdout).splitlines()
     why = next((ln.strip() for ln in lines if "Exception" in ln or "Error" in ln), _tail(res.stderr, 1))
     return [], f"kafka-broker-api-versions exit {res.returncode}: {why}"
+
+
+class _ReadyWatch:
+    """Kafka's ``kafka-configs --describe`` on the broker, started with the broker: its admin
+    client retries until the broker answers, so the tool's JVM starts while the broker's does
+    (the stdlib path of ``wait_ready``; one JVM per start instead of one per probe)."""
+
+    def __init__(self, version: str, bootstrap: str) -> None:
+        self.cmd = _tool_cmd(version, "kafka.admin.ConfigCommand" if major_version(version) < 4
+                             else "org.apache.kafka.tools.ConfigCommand", "--bootstrap-server", bootstrap,
+                             "--describe", "--entity-type", "brokers", "--entity-default")
+        self.error = "kafka-configs has not answered yet"
+        self._proc: subprocess.Popen | None = None
+
+    def ready(self) -> bool:
+        """True once the tool described the cluster; restarts it after a failed try."""
+        if self._proc is None:
+            self._proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, text=True)
+            return False
+        if self._proc.poll() is None:
+            return False
+        out, self._proc = self._proc.communicate()[0], None
+        if "configs for brokers" in out:
+            return True
+        self.error = f"kafka-configs: {_tail(out, 1)}"
+        return False
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
 
 
 def probe(host: str, port: int, timeout: float = 2.0, *, via: str | None = None) -> dict:
@@ -834,23 +869,38 @@ class LocalKafka:
         _atomic_write(self.data_dir / STATE_FILE, json.dumps(state, indent=1) + "\n")
 
     def wait_ready(self, timeout: float = DEFAULT_START_TIMEOUT) -> None:
+        """Until a Kafka client sees the broker (confluent-kafka's probe when importable, else
+        one long-lived run of Kafka's own tool), the broker's exit or ``timeout``."""
         deadline = time.monotonic() + timeout
-        last = None
-        while True:
-            if not self.is_running():
-                code = self._proc.returncode if self._proc is not None else None
-                raise BrokerError(
-                    f"Kafka broker exited during startup (exit {code}); log tail "
-                    f"({self.stdout_log}):\n{self.log_tail()}")
-            last = probe(HOST, self.port, timeout=2.0)
-            if last["ready"]:
-                return
-            if time.monotonic() >= deadline:
-                raise BrokerError(
-                    f"Kafka broker on {self.bootstrap} not ready after {timeout:g}s "
-                    f"(last probe: {last['error']}); log tail ({self.stdout_log}):\n"
-                    f"{self.log_tail()}")
-            time.sleep(0.25)
+        try:
+            import confluent_kafka  # noqa: F401
+
+            watch = None
+        except ImportError:
+            watch = _ReadyWatch(self.version, self.bootstrap)
+        try:
+            while True:
+                if not self.is_running():
+                    code = self._proc.returncode if self._proc is not None else None
+                    raise BrokerError(
+                        f"Kafka broker exited during startup (exit {code}); log tail "
+                        f"({self.stdout_log}):\n{self.log_tail()}")
+                if watch is not None:
+                    ready, error = watch.ready(), watch.error
+                else:
+                    last = probe(HOST, self.port, timeout=2.0)
+                    ready, error = last["ready"], last["error"]
+                if ready:
+                    return
+                if time.monotonic() >= deadline:
+                    raise BrokerError(
+                        f"Kafka broker on {self.bootstrap} not ready after {timeout:g}s "
+                        f"(last probe: {error}); log tail ({self.stdout_log}):\n"
+                        f"{self.log_tail()}")
+                time.sleep(0.25)
+        finally:
+            if watch is not None:
+                watch.close()
 
     def run_foreground(self) -> int:
         """Run attached (replaces this process with java; for users/compose)."""

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -324,3 +328,34 @@ def test_start_stop_restart_keeps_data(tmp_path):
     assert not kafka.is_running()
     assert broker.port_is_free(port) and broker.port_is_free(ctrl)
     assert not (tmp_path / "kafka" / "broker.pid").exists()
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_stdlib_cli_starts_a_ready_broker_and_stops_it(tmp_path):
+    """The CLI as .ci/run runs it, before the package is installed: ``python -S`` sees no
+    site-packages, so readiness comes from Kafka's own tools, not confluent-kafka."""
+    reason = _kafka_available()
+    if reason:
+        pytest.skip(reason)
+    port, ctrl = free_port(), free_port()
+    root = Path(__file__).resolve().parents[1]
+
+    env = {k: v for k, v in os.environ.items() if k in ("HOME", "JAVA_HOME", "PATH", "RLSTREAM_CACHE")}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-S", "-m", "localkafka.broker", *args, "--port", str(port),
+                               "--data-dir", str(tmp_path)], cwd=root, env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    try:
+        started = cli("start", "--controller-port", str(ctrl))
+        assert started.returncode == 0 and f"ready on 127.0.0.1:{port}" in started.stderr, started.stderr
+        assert probe("127.0.0.1", port, timeout=10)["ready"]  # confluent-kafka agrees
+        status = cli("status")
+        assert json.loads(status.stdout)["ready"] is True, status.stderr
+    finally:
+        assert cli("stop").returncode == 0
+    status = json.loads(cli("status").stdout)
+    assert not status["running"] and not status["ready"]
+    assert not probe("127.0.0.1", port, timeout=2)["ready"]
