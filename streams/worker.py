@@ -192,9 +192,10 @@ class PrepareWorker:
     def run(self, stop: threading.Event, timeout: float = 0.1, drain: bool = False) -> None:
         """``step`` until ``stop`` is set. ``drain`` releases the reorder buffer at the end
         (co-located runs); otherwise held batches stay uncommitted for the next worker."""
+        from runtime.roles import Slot, drive
+
         try:
-            while not stop.is_set():
-                self.step(timeout)
+            drive([Slot(self, timeout)], stop=stop)
             if drain:
                 self.drain()
         finally:

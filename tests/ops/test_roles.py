@@ -85,3 +85,19 @@ def test_colocated_run_writes_each_roles_summary(tmp_path):
     assert roles["actor-0"]["steps"] == s["steps"] and roles["actor-0"]["seq"] == s["events"]["rl.samples.raw"]
     assert roles["streams"]["emitted_batches"] == s["streams"]["emitted_batches"] == s["events"]["rl.samples.prepared"]
     assert json.loads((tmp_path / "summary.json").read_text())["updates"] == 2
+
+
+def test_prepare_worker_run_is_the_driver_loop_and_ends_on_stop(tmp_path):
+    """The in-process shell's own ``run`` goes through ``drive``: it returns once stop is set."""
+    from rlstream import wiring
+
+    cfg = TrainConfig(env_id="CartPole-v1", run_dir=tmp_path, bus=BusConfig())
+    events = wiring.build_events(wiring.build_bus(cfg.bus), None)
+    worker = wiring.build_prepare_worker(cfg, events, None)
+    stop = threading.Event()
+    t = threading.Thread(target=worker.run, args=(stop, 0.05, True))
+    t.start()
+    stop.set()
+    t.join(30)
+    assert not t.is_alive()
+    assert worker.summary()["published"] == 0 and worker.summary()["role"] == "streams"
