@@ -298,7 +298,8 @@ def render_properties(props: Mapping[str, str]) -> str:
 # Readiness probe: a TCP connect, then a Kafka client asks the broker for its metadata.
 # With confluent-kafka importable (the installed package) that is librdkafka's admin client;
 # before the package is installed (``.ci/run`` starts the broker with the system python3,
-# stdlib only) it is Kafka's own BrokerApiVersionsCommand from the fetched jars.
+# stdlib only) it is one of Kafka's own tools from the fetched jars: ``kafka-broker-api-versions``
+# for a probe, and for the wait after a start one long-lived ``kafka-configs --describe``.
 
 
 def _listening(host: str, port: int, timeout: float) -> str | None:
