@@ -34,6 +34,7 @@ port.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -253,6 +254,8 @@ class MetricsServer:
         if loop is None or runner is None:
             return
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout_s)
+        with contextlib.suppress(TimeoutError):  # a handler still running keeps its thread
+            asyncio.run_coroutine_threadsafe(loop.shutdown_default_executor(), loop).result(timeout_s)
         loop.call_soon_threadsafe(loop.stop)
         if thread is not None:
             thread.join(timeout_s)
