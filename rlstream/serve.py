@@ -15,8 +15,8 @@ action). ``deterministic`` (default true) returns the mean action; false samples
 unclipped, as the policy emits them (clipping to the action bounds is the caller's job, as it
 is the actor's). Bad input -> 400 with a message saying what is wrong; no policy yet -> 503.
 
-A background thread follows the versions (``PolicyFeed``, newest first) and swaps each new one
-in atomically: it is loaded into a fresh module, so a request never sees half-loaded weights.
+A background thread follows the versions (``PolicyFeed`` over ``streams.policies.PolicyFollower``,
+newest first) and swaps each new one in atomically: it is loaded into a fresh module, so a request never sees half-loaded weights.
 A version whose weights fail to load is dead-lettered and the previous one stays in use.
 
 Pinned (``rlstream serve --version 42`` or ``--at 14:02``; ``version=``/``at_ms=`` here): the
@@ -41,11 +41,11 @@ from rlstream.config import BusConfig
 from rlstream.obs.http import HealthChecks, MetricsServer, Request, Response, json_response
 from rlstream.obs.logging import get_logger
 from rlstream.obs.metrics import Metrics
-from rlstream.policies import BlobStore, arch_of
-from rlstream.subscribe import PolicyFeed, PolicyUpdate, open_events
+from rlstream.subscribe import PolicyFeed, open_events
 from schemas.errors import CodecError
 from streams.bus.base import Bus
 from streams.events import EventBus
+from streams.policies import BlobStore, PolicyUpdate, arch_of
 
 __all__ = ["PolicyServer", "serve", "MAX_BATCH"]
 

@@ -60,6 +60,7 @@ from schemas.events import DeadLetter, PolicyVersion, PreparedBatch, SampleBatch
 from streams.events import MAX_DEADLETTER_PAYLOAD
 from streams.processors.importance import PolicyLogpFn
 from streams.processors.pipeline import REASON_PROCESSOR_ERROR, Output, Prepare, PrepareConfig
+from streams.policies import blob_store_from_env
 from streams.topics import (
     DEADLETTER,
     LEGACY,
@@ -240,7 +241,7 @@ class StreamsApp:
         self.codec = codec or Codec()
         self.metrics = metrics if metrics is not None else _make_metrics()
         self.prepare = prepare or Prepare.from_config(
-            settings.prepare, PolicyLogpFn.from_policy_version, metrics=self.metrics)
+            settings.prepare, PolicyLogpFn.factory(blob_store_from_env()), metrics=self.metrics)
         self.app = faust.App(
             settings.app_id,
             broker=broker_urls(settings.brokers),
