@@ -10,7 +10,8 @@ driven by Faust over Kafka:
   ``prepare.on_policy`` -- only versions of ``prepare.policy_id`` count. Until it has read up
   to the end offsets it found on start (at most ``policy_catchup_s``), ``prepare-samples``
   waits, so no batch is judged against a policy older than the newest published. Weights are
-  decoded lazily, only for the version a batch needs.
+  decoded lazily, only for the version a batch needs; claim-checked ones are fetched from the
+  Redis store ``REDIS_URL`` names (``streams.policies.blob_store_from_env``).
 * agent ``prepare-samples`` on ``rl.samples.raw`` pushes each record through ``Prepare`` and
   sends PreparedBatch bytes to ``rl.samples.prepared`` (key actor_id) and DeadLetter bytes to
   ``rl.deadletter``, all encoded with ``schemas.codec``. Acks are manual: a record is acked
