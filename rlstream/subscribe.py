@@ -58,7 +58,7 @@ from streams.policies import (
 )
 from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS
 
-__all__ = ["PolicyFeed", "PolicyUpdate", "follow", "open_events", "tail_offsets", "FOLLOWABLE", "pinned_update",
+__all__ = ["PolicyFeed", "PolicyUpdate", "follow", "open_events", "tail_offsets", "newest_version", "FOLLOWABLE", "pinned_update",
            "parse_at", "PinNotFound"]
 
 FOLLOWABLE = ("policies", "steps", "deadletters")
