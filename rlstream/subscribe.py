@@ -58,8 +58,8 @@ from streams.policies import (
 )
 from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS
 
-__all__ = ["PolicyFeed", "PolicyUpdate", "follow", "open_events", "tail_offsets", "newest_version", "FOLLOWABLE", "pinned_update",
-           "parse_at", "PinNotFound"]
+__all__ = ["PolicyFeed", "PolicyUpdate", "follow", "open_events", "tail_offsets", "newest_version", "FOLLOWABLE",
+           "pinned_update", "parse_at", "PinNotFound"]
 
 FOLLOWABLE = ("policies", "steps", "deadletters")
 
