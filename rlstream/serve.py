@@ -17,7 +17,8 @@ is the actor's). Bad input -> 400 with a message saying what is wrong; no policy
 
 A background thread follows the versions (``PolicyFeed`` over the shared
 ``streams.policies.PolicyFollower``, newest first) and swaps each new one in atomically: it is
-loaded into a fresh module, so a request never sees half-loaded weights. A version whose weights fail to load is dead-lettered and the previous one stays in use.
+loaded into a fresh module, so a request never sees half-loaded weights. A version whose
+weights fail to load is dead-lettered and the previous one stays in use.
 
 Pinned (``rlstream serve --version 42`` or ``--at 14:02``; ``version=``/``at_ms=`` here): the
 server loads that one version (or the one current at that time) and never moves from it;
