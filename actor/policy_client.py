@@ -1,7 +1,8 @@
 """Follows PolicyVersion events and swaps the newest into a local Policy module.
 
-Every follower reads without a consumer group (each must see every version) from the last
-record of the topic, so it starts with the current policy without replaying the history.
+A thin client of ``streams.policies.PolicyFollower``: it starts at the newest version of ITS
+policy now on the topic (``StartRule.newest``; ``from_version``: every version from there),
+so it acts with the current policy at once without replaying the history.
 """
 
 from __future__ import annotations
@@ -10,17 +11,9 @@ import time
 from collections.abc import Callable
 
 from agents.networks import Policy
-from rlstream.policies import BlobStore, load_into
 from schemas.errors import CodecError
-from schemas.events import PolicyVersion
 from streams.events import EventBus
-from streams.topics import POLICY_VERSIONS, PUBLISHED_NS_HEADER
-
-
-
-def start_at_last(events: EventBus, topic: str = POLICY_VERSIONS) -> dict:
-    ends = events.bus.end_offsets(topic)
-    return {(topic, p): max(0, e - 1) for p, e in ends.items()}
+from streams.policies import Blobs, PolicyFollower, StartRule, load_policy
 
 
 class PolicySubscriber:
@@ -29,14 +22,13 @@ class PolicySubscriber:
 
     def __init__(self, events: EventBus, policy_id: str, stage: str,
                  on_latency: Callable[[float], None] | None = None,
-                 blob_store: BlobStore | None = None, from_version: int | None = None) -> None:
+                 blob_store: Blobs = None, from_version: int | None = None) -> None:
         self.events = events
         self.policy_id = policy_id
         self.blob_store = blob_store
         self.on_latency = on_latency
-        start = "earliest" if from_version is not None else start_at_last(events)
-        self.consumer = events.consumer(None, [POLICY_VERSIONS], stage=stage, expect=PolicyVersion, start=start)
-        self.from_version = from_version or 0
+        start = StartRule.newest() if from_version is None else StartRule.at_version(from_version)
+        self.follower = PolicyFollower(events, policy_id, start, blobs=blob_store, stage=stage)
         self.policy: Policy | None = None
         self.version: int = -1
         self.version_created_ms: int = 0
@@ -44,26 +36,24 @@ class PolicySubscriber:
 
     def poll(self, timeout: float = 0.0) -> bool:
         """Adopt the newest version available within ``timeout``; True if one was adopted."""
-        candidates = [(rec, pv) for rec, pv in self.consumer.poll(timeout, max_records=1000)
-                      if pv.policy_id == self.policy_id and pv.version >= self.from_version
-                      and pv.version > self.version]
+        candidates = [u for u in self.follower.poll(timeout) if u.version > self.version]
         # newest first; a version whose weights do not load is skipped and counted (the learner
         # owns its dead letter) and the next newest is tried, so one bad record never leaves the
         # actor on an older policy
-        for rec, pv in sorted(candidates, key=lambda c: c[1].version, reverse=True):
+        for u in sorted(candidates, key=lambda c: c.version, reverse=True):
             try:
-                self.policy = load_into(self.policy, pv, self.blob_store)
+                self.policy = load_policy(u.event, self.blob_store, into=self.policy)
                 break
             except CodecError as e:
-                self.consumer.dead_letter(rec, e.reason, e)
+                self.follower.dead_letter(u, e)
         else:
             return False
-        self.version = pv.version
-        self.version_created_ms = pv.created_at_ms
+        self.version = u.version
+        self.version_created_ms = u.created_at_ms
         self.adopted += 1
-        sent = rec.headers.get(PUBLISHED_NS_HEADER)
-        if sent and self.on_latency is not None:
-            self.on_latency(max(0.0, (time.time_ns() - int(sent)) / 1e9))
+        lat = u.latency_s()
+        if lat is not None and self.on_latency is not None:
+            self.on_latency(lat)
         return True
 
     def wait_for(self, min_version: int, timeout: float) -> bool:
@@ -77,4 +67,4 @@ class PolicySubscriber:
         return True
 
     def close(self) -> None:
-        self.consumer.close()
+        self.follower.close()

@@ -30,19 +30,21 @@ from typing import Any
 from agents.core import Algorithm
 from learner.batching import StreamIds, to_trajectory_batch
 from learner.provenance import record_digest, stamp
-from rlstream.policies import (
-    BlobStore,
-    arch_of,
-    load_into,
-    make_policy_version,
-    publish_policy_version,
-)
-from logtools.subscribe import newest_version
 from schemas.errors import CodecError
-from schemas.events import GradientStep, PolicyVersion, PreparedBatch, now_ms
+from schemas.events import GradientStep, PreparedBatch, now_ms
 from streams.bus.base import BusError, Record
 from streams.events import EventBus
-from streams.topics import LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_PREPARED
+from streams.policies import (
+    BlobStore,
+    PolicyFollower,
+    StartRule,
+    arch_of,
+    load_policy,
+    make_policy_version,
+    newest_version,
+    publish_policy_version,
+)
+from streams.topics import LEARNER_STEPS, SAMPLES_PREPARED
 
 REASON_INCOMPATIBLE = "incompatible"
 SEEN_IDS_KEPT = 20_000
@@ -134,9 +136,10 @@ class Learner:
         self.version = published
         if publish:
             self._publish(parent=self.model_version if self.model_version >= 0 else None)
-        ends = self.events.bus.end_offsets(POLICY_VERSIONS)
-        self._versions = self.events.consumer(None, [POLICY_VERSIONS], stage="learner", expect=PolicyVersion,
-                                              start={(POLICY_VERSIONS, p): e for p, e in ends.items()})
+        # from the newest version of this policy (its own, just published): every later one,
+        # in log order, older ones too (a bad one is dead-lettered whether adopted or not)
+        self._versions = PolicyFollower(self.events, self.config.policy_id, StartRule.newest(),
+                                        blobs=self.blob_store, stage="learner", monotonic=False)
 
     def _restore(self, version: int | None) -> dict | None:
         if version is None:
@@ -172,13 +175,14 @@ class Learner:
         The learner owns rl.policy.versions' dead letters (``streams.topics.DEAD_LETTER_OWNERS``):
         it dead-letters every record it cannot decode and every foreign version of its policy
         whose weights do not load, adopted or not; the other readers skip them and count them."""
-        for rec, pv in self._versions.poll(0.0, max_records=100):
-            if pv.policy_id != self.config.policy_id or pv.learner_id == self.config.learner_id:
+        for u in self._versions.poll(0.0):
+            pv = u.event
+            if pv.learner_id == self.config.learner_id:
                 continue
             try:
-                policy = load_into(None, pv, self.blob_store)
+                policy = load_policy(pv, self.blob_store)
             except CodecError as e:
-                self._versions.dead_letter(rec, e.reason, e)
+                self._versions.dead_letter(u, e)
                 continue
             if pv.version <= self.version:
                 continue

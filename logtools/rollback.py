@@ -27,12 +27,20 @@ from urllib.parse import urlsplit
 from agents.networks import Policy
 from learner.snapshots import SnapshotError, open_store
 from rlstream.config import BusConfig
-from rlstream.policies import BlobStore, arch_of, make_policy_version, publish_policy_version, policy_from_arch
-from logtools.subscribe import newest_version, open_events
+from logtools.subscribe import open_events
 from schemas.errors import CodecError
 from schemas.weights import decode_weights, sha256
 from streams.bus.base import Bus
 from streams.events import EventBus
+from streams.policies import (
+    BlobStore,
+    arch_of,
+    load_state,
+    make_policy_version,
+    newest_version,
+    publish_policy_version,
+    weights_bytes,
+)
 
 __all__ = ["RollbackError", "rollback"]
 
@@ -72,10 +80,8 @@ def _build(weights: dict, candidates: list[tuple[str, dict]]) -> tuple[Policy, s
     errors = []
     for source, arch in candidates:
         try:
-            policy = policy_from_arch(arch)
-            policy.load_state_dict(weights, strict=True)
-            return policy.eval(), source
-        except (RuntimeError, CodecError) as e:
+            return load_state(weights, arch, what=f"snapshot weights ({source})"), source
+        except CodecError as e:
             errors.append(f"{source} {arch}: {str(e).splitlines()[0]}")
     raise RollbackError("snapshot weights fit no known architecture: " + "; ".join(errors))
 
@@ -113,9 +119,9 @@ def rollback(bus_config: BusConfig | Bus | EventBus, store_url: str, to_version:
         candidates: list[tuple[str, dict]] = []
         if isinstance(meta.get("arch"), dict):
             candidates.append(("snapshot meta", meta["arch"]))
-        if newest is not None and newest.weights is not None:
-            try:
-                candidates.append((f"version {newest.version}", decode_weights(newest.weights)[1]))
+        if newest is not None:
+            try:  # claim-checked weights too, when a blob store is given
+                candidates.append((f"version {newest.version}", decode_weights(weights_bytes(newest, blob_store))[1]))
             except CodecError:
                 pass
         candidates.append((f"shapes + {algo} defaults", _infer_arch(weights, algo)))

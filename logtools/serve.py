@@ -15,9 +15,10 @@ action). ``deterministic`` (default true) returns the mean action; false samples
 unclipped, as the policy emits them (clipping to the action bounds is the caller's job, as it
 is the actor's). Bad input -> 400 with a message saying what is wrong; no policy yet -> 503.
 
-A background thread follows the versions (``PolicyFeed``, newest first) and swaps each new one
-in atomically: it is loaded into a fresh module, so a request never sees half-loaded weights.
-A version whose weights fail to load is dead-lettered and the previous one stays in use.
+A background thread follows the versions (``PolicyFeed`` over the shared
+``streams.policies.PolicyFollower``, newest first) and swaps each new one in atomically: it is
+loaded into a fresh module, so a request never sees half-loaded weights. A version whose
+weights fail to load is dead-lettered and the previous one stays in use.
 
 Pinned (``rlstream serve --version 42`` or ``--at 14:02``; ``version=``/``at_ms=`` here): the
 server loads that one version (or the one current at that time) and never moves from it;
@@ -41,11 +42,11 @@ from rlstream.config import BusConfig
 from runtime.http import HealthChecks, MetricsServer, Request, Response, json_response
 from runtime.logging import get_logger
 from runtime.metrics import Metrics
-from rlstream.policies import BlobStore, arch_of
-from logtools.subscribe import PolicyFeed, PolicyUpdate, open_events
+from logtools.subscribe import PolicyFeed, open_events
 from schemas.errors import CodecError
 from streams.bus.base import Bus
 from streams.events import EventBus
+from streams.policies import BlobStore, PolicyUpdate, arch_of
 
 __all__ = ["PolicyServer", "serve", "MAX_BATCH"]
 

@@ -39,21 +39,27 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
-from agents.networks import Policy
 from rlstream.config import BusConfig
-from rlstream.policies import BlobStore, load_into
 from schemas.errors import CodecError
 from schemas.events import DeadLetter, GradientStep, PolicyVersion
 from schemas.weights import sha256
 from streams.bus.base import Bus, Consumer, Record
 from streams.events import EventBus
-from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS, PUBLISHED_NS_HEADER
+from streams.policies import (
+    Blobs as BlobStore,
+    PolicyFollower,
+    PolicyUpdate,
+    StartRule,
+    decodes_as as _decodes_as,
+    newest_version,
+    tail_offsets,
+)
+from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS
 
-__all__ = ["PolicyFeed", "PolicyUpdate", "follow", "open_events", "tail_offsets", "FOLLOWABLE", "pinned_update",
-           "parse_at", "PinNotFound"]
+__all__ = ["PolicyFeed", "PolicyUpdate", "follow", "open_events", "tail_offsets", "newest_version", "FOLLOWABLE",
+           "pinned_update", "parse_at", "PinNotFound"]
 
 FOLLOWABLE = ("policies", "steps", "deadletters")
 
@@ -78,173 +84,12 @@ def open_events(source: BusConfig | Bus | EventBus, metrics: Any = None) -> tupl
     raise TypeError(f"expected a BusConfig, Bus or EventBus, not {type(source).__name__}")
 
 
-def _read_range(bus: Bus, topic: str, partition: int, start: int, stop: int, ends: dict[int, int],
-                timeout: float) -> list[Record]:
-    """Records of ``topic[partition]`` with ``start <= offset < stop`` (ephemeral reader)."""
-    offsets = {(topic, p): (start if p == partition else e) for p, e in ends.items()}
-    c = bus.consumer(None, [topic], start=offsets)
-    out: list[Record] = []
-    try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            recs = c.poll(0.2, max_records=1000)
-            done = False
-            for r in recs:
-                if r.partition != partition:
-                    continue
-                if r.offset >= stop:
-                    done = True
-                    break
-                if r.offset >= start:
-                    out.append(r)
-                if r.offset >= stop - 1:
-                    done = True
-            if done:
-                break
-            if recs:
-                deadline = time.monotonic() + timeout
-    finally:
-        c.close()
-    return out
-
-
-def tail_offsets(bus: Bus, topic: str, matches: Callable[[Record], bool],
-                 timeout: float = 10.0) -> dict[tuple[str, int], int]:
-    """Per partition, the offset of the newest record for which ``matches`` holds (the log end
-    where none does). Reads back from the end in growing windows (1, 4, 16, ... records), so
-    finding the newest policy costs a few records, not a replay of the topic."""
-    ends = bus.end_offsets(topic)
-    out: dict[tuple[str, int], int] = {}
-    for p, end in ends.items():
-        out[(topic, p)] = end
-        stop, window = end, 1
-        while stop > 0:
-            start = max(0, end - window)
-            recs = _read_range(bus, topic, p, start, stop, ends, timeout)
-            hits = [r.offset for r in recs if matches(r)]
-            if hits:
-                out[(topic, p)] = max(hits)
-                break
-            if start == 0 or not recs:
-                break
-            stop, window = start, window * 4
-    return out
-
-
-def _decodes_as(events: EventBus, cls: type, pred: Callable[[Any], bool] | None = None):
-    def matches(rec: Record) -> bool:
-        try:
-            ev = events.codec.decode(rec.value)
-        except CodecError:
-            return False
-        return isinstance(ev, cls) and (pred is None or pred(ev))
-
-    return matches
-
-
-def newest_version(events: EventBus, policy_id: str = "policy", topic: str = POLICY_VERSIONS,
-                   timeout: float = 10.0) -> PolicyVersion | None:
-    """The newest PolicyVersion of ``policy_id`` on ``topic`` (None if there is none)."""
-    match = _decodes_as(events, PolicyVersion, lambda pv: pv.policy_id == policy_id)
-    best: PolicyVersion | None = None
-    ends = events.bus.end_offsets(topic)
-    for (t, p), off in tail_offsets(events.bus, topic, match, timeout).items():
-        if off >= ends.get(p, 0):
-            continue
-        for rec in _read_range(events.bus, t, p, off, off + 1, ends, timeout):
-            pv = events.codec.decode(rec.value)
-            if best is None or pv.version > best.version:
-                best = pv
-    return best
-
-
 def _decode(events: EventBus, rec: Record, expect: type | tuple[type, ...]) -> Any:
     """The decoded, validated event; raises CodecError (a wrong type included)."""
     return events.codec.decode_valid(rec.value, expect, rec.topic)
 
 
 # -- PolicyFeed --------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class PolicyUpdate:
-    """One policy version, as a follower receives it. ``policy`` is built on first use."""
-
-    policy_id: str
-    version: int
-    parent_version: int | None
-    created_at_ms: int
-    algo: str
-    learner_id: str
-    metrics: dict[str, float]
-    published_ns: int | None
-    """When the learner produced it (``rl-published-ns`` header), if it said."""
-    partition: int
-    offset: int
-    event: PolicyVersion = field(repr=False)
-    record: Record | None = field(default=None, repr=False, compare=False)
-    """The bus record it came from (for a dead letter when its weights do not load)."""
-    blob_store: BlobStore | None = field(default=None, repr=False, compare=False)
-    _cache: dict = field(default_factory=dict, repr=False, compare=False)
-
-    @classmethod
-    def of(cls, rec: Record, pv: PolicyVersion, blob_store: BlobStore | None = None) -> "PolicyUpdate":
-        sent = rec.headers.get(PUBLISHED_NS_HEADER)
-        try:
-            published = int(sent) if sent else None
-        except ValueError:
-            published = None
-        return cls(policy_id=pv.policy_id, version=pv.version, parent_version=pv.parent_version,
-                   created_at_ms=pv.created_at_ms, algo=pv.algo, learner_id=pv.learner_id,
-                   metrics=dict(pv.metrics), published_ns=published, partition=rec.partition,
-                   offset=rec.offset, event=pv, record=rec, blob_store=blob_store)
-
-    @property
-    def policy(self) -> Policy:
-        """The torch module of this version (decoded once, then cached; eval mode).
-        Raises ``schemas.errors.InvalidEventError`` if the weights do not decode or fit."""
-        if "policy" not in self._cache:
-            self._cache["policy"] = load_into(None, self.event, self.blob_store)
-        return self._cache["policy"]
-
-    def load(self, into: Policy | None = None) -> Policy:
-        """Load the weights into ``into`` (rebuilt if None or of another architecture)."""
-        if into is None:
-            return self.policy
-        return load_into(into, self.event, self.blob_store)
-
-    @property
-    def weights_size(self) -> int:
-        pv = self.event
-        return len(pv.weights) if pv.weights is not None else (pv.weights_ref.size if pv.weights_ref else 0)
-
-    @property
-    def weights_sha256(self) -> str:
-        if "sha" not in self._cache:
-            pv = self.event
-            self._cache["sha"] = sha256(pv.weights) if pv.weights is not None else (
-                pv.weights_ref.sha256 if pv.weights_ref else "")
-        return self._cache["sha"]
-
-    def latency_s(self, now_ns: int | None = None) -> float | None:
-        """Seconds from the learner publishing it to now (None if it did not say when)."""
-        if self.published_ns is None:
-            return None
-        return max(0.0, ((now_ns or time.time_ns()) - self.published_ns) / 1e9)
-
-    def describe(self) -> dict[str, Any]:
-        """JSON-able summary (no weights: their size and sha256)."""
-        pv = self.event
-        weights: dict[str, Any] = {"format": pv.weights_format, "bytes": self.weights_size,
-                                   "sha256": self.weights_sha256, "inline": pv.weights is not None}
-        if pv.weights_ref is not None:
-            weights["claim_check"] = {"store": pv.weights_ref.store, "key": pv.weights_ref.key}
-        lat = self.latency_s()
-        return {"event": "policy_version", "policy_id": self.policy_id, "version": self.version,
-                "parent_version": self.parent_version, "created_at_ms": self.created_at_ms,
-                "algo": self.algo, "learner_id": self.learner_id, "metrics": self.metrics,
-                "weights": weights, "partition": self.partition, "offset": self.offset,
-                "latency_s": None if lat is None else round(lat, 6)}
-
 
 class PinNotFound(LookupError):
     """No version matches a pin (``version=`` / ``at_ms=``)."""
@@ -327,59 +172,31 @@ class PolicyFeed:
         self.group = group
         self.topic = topic
         self.blob_store = blob_store
-        self.dead_letter = dead_letter
-        self.stage = stage
-        self.last_version: dict[str, int] = {}
         self.delivered = 0
-        self.skipped = 0
-        self.undecodable = 0
-        self.last_error: CodecError | None = None
         self._to_commit: Record | None = None
-        self._buffer: list[Record] = []
         self._closed = False
         self._pinned: list[PolicyUpdate] | None = None
-        self.consumer: Consumer | None = None
+        self.follower: PolicyFollower | None = None
         try:
             if pinned:
                 self._pinned = [pinned_update(self.events, policy_id, version, at_ms, topic, blob_store)]
                 return
-            self.consumer = self._open(join_timeout)
+            start = StartRule.newest() if from_version is None else StartRule.at_version(from_version)
+            self.follower = PolicyFollower(self.events, policy_id, start, blobs=blob_store, topic=topic,
+                                           stage=stage, dead_letter=dead_letter, group=group,
+                                           join_timeout=join_timeout)
         except BaseException:
             self._close_bus()
             raise
 
-    # -- start position ----------------------------------------------------------------------
-    def _mine(self, pv: PolicyVersion) -> bool:
-        return self.policy_id is None or pv.policy_id == self.policy_id
+    @property
+    def consumer(self) -> Consumer | None:
+        return None if self.follower is None else self.follower.consumer
 
-    def _tail(self) -> dict[tuple[str, int], int]:
-        return tail_offsets(self.events.bus, self.topic, _decodes_as(self.events, PolicyVersion, self._mine))
-
-    def _open(self, join_timeout: float) -> Consumer:
-        bus = self.events.bus
-        if self.group is None:
-            start: Any = "earliest" if self.from_version is not None else self._tail()
-            return bus.consumer(None, [self.topic], start=start)
-        if self.from_version is not None:
-            return bus.consumer(self.group, [self.topic], start="earliest")
-        # Group, newest: the group's committed offset wins; a partition without one starts at
-        # the newest version. Which partitions have one is known once the group assigned them.
-        c = bus.consumer(self.group, [self.topic], start="latest")
-        deadline = time.monotonic() + join_timeout
-        while not c.assignment():
-            if time.monotonic() > deadline:
-                c.close()
-                raise TimeoutError(f"consumer group {self.group} got no partition of {self.topic} "
-                                   f"within {join_timeout:.0f}s")
-            self._buffer.extend(c.poll(0.1, max_records=1000))
-        committed = c.committed()
-        fresh = [tp for tp in c.assignment() if tp not in committed]
-        if fresh:
-            tail = self._tail()
-            for tp in fresh:
-                c.seek(tp[0], tp[1], tail[tp])
-            self._buffer = [r for r in self._buffer if (r.topic, r.partition) not in fresh]
-        return c
+    # counters of the follower (0 for a pinned feed)
+    skipped = property(lambda self: self.follower.skipped if self.follower else 0)
+    undecodable = property(lambda self: self.follower.undecodable if self.follower else 0)
+    last_error = property(lambda self: self.follower.last_error if self.follower else None)
 
     # -- reading -------------------------------------------------------------------------------
     def _items(self, timeout: float) -> list[tuple[Record, PolicyUpdate | CodecError]]:
@@ -394,28 +211,7 @@ class PolicyFeed:
         if self.group is not None and self._to_commit is not None:
             self.consumer.commit([self._to_commit])
             self._to_commit = None
-        recs, self._buffer = self._buffer, []
-        if not recs:
-            recs = self.consumer.poll(timeout, max_records=1000)
-        out: list[tuple[Record, PolicyUpdate | CodecError]] = []
-        for rec in recs:
-            try:
-                pv = _decode(self.events, rec, PolicyVersion)
-            except CodecError as e:
-                self.undecodable += 1
-                self.last_error = e
-                if self.dead_letter:
-                    self.events.dead_letters.send(rec, e.reason, e, self.stage)
-                out.append((rec, e))
-                continue
-            if not self._mine(pv) or (self.from_version is not None and pv.version < self.from_version):
-                continue
-            if pv.version <= self.last_version.get(pv.policy_id, -1):
-                self.skipped += 1
-                continue
-            self.last_version[pv.policy_id] = pv.version
-            out.append((rec, PolicyUpdate.of(rec, pv, self.blob_store)))
-        return out
+        return self.follower.read(timeout)
 
     def poll(self, timeout: float = 0.0) -> list[PolicyUpdate]:
         """Updates that arrived within ``timeout`` s (possibly none), oldest first."""

@@ -172,7 +172,8 @@ def build_prepare_worker(cfg: TrainConfig, events: EventBus, metrics: Metrics | 
     from streams.processors.pipeline import Prepare
     from streams.worker import PrepareWorker
 
-    prepare = Prepare.from_config(cfg.prepare_config(), PolicyLogpFn.from_policy_version, metrics=metrics)
+    blob = RedisBlobStore(cfg.redis()) if cfg.redis() else None  # claim-checked weights get IS too
+    prepare = Prepare.from_config(cfg.prepare_config(), PolicyLogpFn.factory(blob), metrics=metrics)
     return PrepareWorker(events, prepare, metrics=metrics)
 
 

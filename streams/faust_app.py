@@ -10,7 +10,8 @@ driven by Faust over Kafka:
   ``prepare.on_policy`` -- only versions of ``prepare.policy_id`` count. Until it has read up
   to the end offsets it found on start (at most ``policy_catchup_s``), ``prepare-samples``
   waits, so no batch is judged against a policy older than the newest published. Weights are
-  decoded lazily, only for the version a batch needs.
+  decoded lazily, only for the version a batch needs; claim-checked ones are fetched from the
+  Redis store ``REDIS_URL`` names (``streams.policies.blob_store_from_env``).
 * agent ``prepare-samples`` on ``rl.samples.raw`` pushes each record through ``Prepare`` and
   sends PreparedBatch bytes to ``rl.samples.prepared`` (key actor_id) and DeadLetter bytes to
   ``rl.deadletter``, all encoded with ``schemas.codec``. Acks are manual: a record is acked
@@ -60,6 +61,7 @@ from schemas.events import DeadLetter, PolicyVersion, PreparedBatch, SampleBatch
 from streams.events import MAX_DEADLETTER_PAYLOAD
 from streams.processors.importance import PolicyLogpFn
 from streams.processors.pipeline import REASON_PROCESSOR_ERROR, Output, Prepare, PrepareConfig
+from streams.policies import blob_store_from_env
 from streams.topics import (
     DEADLETTER,
     LEGACY,
@@ -240,7 +242,7 @@ class StreamsApp:
         self.codec = codec or Codec()
         self.metrics = metrics if metrics is not None else _make_metrics()
         self.prepare = prepare or Prepare.from_config(
-            settings.prepare, PolicyLogpFn.from_policy_version, metrics=self.metrics)
+            settings.prepare, PolicyLogpFn.factory(blob_store_from_env()), metrics=self.metrics)
         self.app = faust.App(
             settings.app_id,
             broker=broker_urls(settings.brokers),

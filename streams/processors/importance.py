@@ -14,20 +14,23 @@ TBA apply the same function (and the same defaults) against the policy that anch
 update, so the stream processor and the learner cannot disagree on what is dropped.
 
 Weights are exactly 1 when the behaviour version is the current version (``ones``); the
-current policy's log-probs come from an injected ``LogpFn``; ``PolicyLogpFn`` builds one
-from a ``PolicyVersion`` (safetensors weights + arch metadata -> ``agents.networks.Policy``).
+current policy's log-probs come from an injected ``LogpFn``; ``PolicyLogpFn`` (of
+``streams.policies``, the one policy loader) builds one from a ``PolicyVersion``, inline or
+claim-checked: ``PolicyLogpFn.factory(blob_store)`` is the pipeline's ``logp_factory``.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
-from schemas.events import ClaimCheck, PolicyVersion, SampleBatch
+from schemas.events import PolicyVersion, SampleBatch
+from streams.policies import PolicyLoadError, PolicyLogpFn
+
+__all__ = ["ImportanceResult", "ImportanceWeights", "LogpFactory", "LogpFn", "PolicyBuildError", "PolicyLogpFn"]
 
 #: ``logp_fn(obs [T, N, obs_dim], actions [T, N, act_dim]) -> logp [T, N]`` of the current policy.
 LogpFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -35,10 +38,6 @@ LogpFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 class LogpFactory(Protocol):
     def __call__(self, pv: PolicyVersion) -> LogpFn: ...
-
-
-class PolicyBuildError(ValueError):
-    """A PolicyVersion's weights cannot be turned into a policy (missing, wrong arch, ...)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,81 +108,7 @@ class ImportanceWeights:
         return self.from_logps(batch.behaviour_logp, logp_fn(batch.obs, batch.actions))
 
 
-# --- current policy log-probs from a PolicyVersion ----------------------------------------
+# --- current policy log-probs from a PolicyVersion: the shared loader (``streams.policies``) ---
 
-def _default_policy_factory(arch: dict[str, Any]) -> Any:
-    """``agents.networks.Policy`` from arch metadata (obs_dim, act_dim, hidden, activation, ...)."""
-    try:
-        from agents.networks import Policy
-    except ImportError as e:  # agents/ not installed in this process
-        raise PolicyBuildError(f"agents.networks.Policy is not importable: {e}") from e
-    params = inspect.signature(Policy).parameters
-    kwargs = {k: v for k, v in arch.items() if k in params}
-    missing = [k for k in ("obs_dim", "act_dim") if k not in kwargs]
-    if missing:
-        raise PolicyBuildError(f"weights arch metadata lacks {missing} (has {sorted(arch)})")
-    if "hidden" in kwargs and kwargs["hidden"] is not None:
-        kwargs["hidden"] = tuple(int(h) for h in kwargs["hidden"])
-    try:
-        return Policy(**kwargs)
-    except (TypeError, ValueError) as e:
-        raise PolicyBuildError(f"cannot build Policy from arch {arch}: {e}") from e
-
-
-class PolicyLogpFn:
-    """A ``LogpFn`` over a torch policy module with ``log_prob(obs, actions)``; no grad, CPU.
-
-    Build from a PolicyVersion with ``from_policy_version`` (the wiring passes
-    ``PolicyLogpFn.from_policy_version`` as the pipeline's ``logp_factory``).
-    """
-
-    def __init__(self, policy: Any, version: int | None = None) -> None:
-        self.policy = policy
-        self.version = version
-        if hasattr(policy, "eval"):
-            policy.eval()
-
-    def __call__(self, obs: np.ndarray, actions: np.ndarray) -> np.ndarray:
-        import torch
-
-        o = torch.from_numpy(np.array(obs, dtype=np.float32, copy=True))
-        a = torch.from_numpy(np.array(actions, dtype=np.float32, copy=True))
-        with torch.inference_mode():
-            lp = self.policy.log_prob(o, a)
-        out = lp.detach().to("cpu").numpy()
-        expected = tuple(np.shape(obs)[:2])
-        if out.shape != expected:
-            raise ValueError(f"policy log_prob returned shape {out.shape}, expected {expected}")
-        return out
-
-    @classmethod
-    def from_policy_version(
-        cls,
-        pv: PolicyVersion,
-        fetch: Callable[[ClaimCheck], bytes] | None = None,
-        policy_factory: Callable[[dict[str, Any]], Any] = _default_policy_factory,
-    ) -> "PolicyLogpFn":
-        """Decode ``pv``'s safetensors weights (inline, or via ``fetch`` for a claim check)
-        and load them into the module ``policy_factory(arch)`` builds."""
-        from schemas.weights import decode_weights, sha256
-
-        data = pv.weights
-        if data is None:
-            if pv.weights_ref is None:
-                raise PolicyBuildError(f"policy version {pv.version} carries no weights")
-            if fetch is None:
-                raise PolicyBuildError(
-                    f"policy version {pv.version} weights are claim-checked ({pv.weights_ref.store}:"
-                    f"{pv.weights_ref.key}) and no fetch function was given")
-            data = fetch(pv.weights_ref)
-            if sha256(data) != pv.weights_ref.sha256:
-                raise PolicyBuildError(f"policy version {pv.version}: claim-checked weights sha256 mismatch")
-        if pv.weights_format != "safetensors":
-            raise PolicyBuildError(f"weights format {pv.weights_format!r} is not supported (safetensors only)")
-        state, arch = decode_weights(data)
-        policy = policy_factory(arch)
-        try:
-            policy.load_state_dict(state, strict=True)
-        except (RuntimeError, KeyError, ValueError) as e:
-            raise PolicyBuildError(f"policy version {pv.version}: weights do not fit arch {arch}: {e}") from e
-        return cls(policy, pv.version)
+PolicyBuildError = PolicyLoadError
+"""A PolicyVersion's weights cannot be turned into a policy (``streams.policies.PolicyLoadError``)."""

@@ -1,0 +1,267 @@
+"""streams.policies: the one loader (inline and claim-checked weights) and the one follower with
+its start rules (newest of this policy, K back, from version V), on the memory bus and on the
+real Kafka broker (a namespace of its own); the window of recent versions; claim-checked
+versions get importance weights in both processor shells and are adopted by an actor (Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import numpy as np
+import pytest
+import torch
+
+from actor.actor import Actor, ActorConfig
+from actor.policy_client import PolicySubscriber
+from agents.networks import Policy
+from schemas.codec import Codec
+from schemas.events import PolicyVersion, PreparedBatch
+from streams.bus.memory import MemoryBus
+from streams.bus.namespaced import NamespacedBus
+from streams.events import EventBus
+from streams.policies import (
+    PolicyFollower,
+    PolicyLoadError,
+    PolicyLogpFn,
+    PolicyWindow,
+    RedisBlobStore,
+    StartRule,
+    load_policy,
+    make_policy_version,
+    publish_policy_version,
+)
+from streams.processors.pipeline import Prepare, PrepareConfig
+from streams.topics import POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW, Namespace
+from tests.conftest import TEST_CONSUMER_CONFIG
+from tests.ops.conftest import redis_server_url  # noqa: F401  (fixture)
+from tests.streams.test_processors_pipeline import make_batch
+from tests.support import wait_for
+
+torch.set_num_threads(1)
+
+OBS, ACT = 3, 2
+
+
+def policy(seed: int, obs: int = OBS, act: int = ACT) -> Policy:
+    torch.manual_seed(seed)
+    p = Policy(obs, act, hidden=(8,))
+    with torch.no_grad():
+        for prm in p.parameters():
+            prm.add_(0.3 * torch.randn_like(prm))
+    return p.eval()
+
+
+def version(v: int, policy_id: str = "p", blobs=None, p: Policy | None = None) -> PolicyVersion:
+    """Version ``v`` of ``policy_id``; with ``blobs``, its weights go by claim check."""
+    return make_policy_version(p or policy(v), policy_id=policy_id, version=v, parent_version=None,
+                               learner_id="L", algo="ppo", blob_store=blobs,
+                               inline_limit=0 if blobs is not None else 4 << 20)
+
+
+def publish(events: EventBus, *pvs: PolicyVersion) -> None:
+    for pv in pvs:
+        publish_policy_version(events, pv)
+
+
+def same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.fixture(params=["memory", pytest.param("kafka", marks=pytest.mark.kafka)])
+def events(request):
+    """Typed events over a memory bus, or over the Kafka broker in a namespace of this test."""
+    if request.param == "memory":
+        bus = MemoryBus()
+        bus.create_topics(Namespace().topics())
+        yield EventBus(bus, Codec())
+        return
+    from streams.bus.kafka import KafkaBus
+
+    inner = KafkaBus(request.getfixturevalue("kafka_bootstrap"), client_id="rlstream-test",
+                     consumer_config=TEST_CONSUMER_CONFIG)
+    ns = Namespace(f"pol-{uuid.uuid4().hex[:10]}")
+    bus = NamespacedBus(inner, ns)
+    bus.create_topics(Namespace().topics())
+    try:
+        yield EventBus(bus, Codec())
+    finally:
+        inner.delete_topics([t.name for t in ns.topics()])
+        inner.close()
+
+
+@pytest.fixture
+def blobs(redis_server_url):  # noqa: F811
+    return RedisBlobStore(redis_server_url)
+
+
+def drain(follower: PolicyFollower, want: int, timeout: float = 30.0) -> list[int]:
+    """Versions handed out until ``want`` arrived (the deadline only bounds a missing one)."""
+    got: list[int] = []
+    wait_for(lambda: got.extend(u.version for u in follower.poll(0.2)) or len(got) >= want, timeout,
+             f"{want} versions")
+    return got
+
+
+# -- start rules ------------------------------------------------------------------------------
+
+def test_newest_starts_at_the_newest_version_of_this_policy(events):
+    publish(events, *(version(v) for v in range(4)))
+    publish(events, version(9, "other"), version(10, "other"))  # others after ours: still 3
+    f = PolicyFollower(events, "p", StartRule.newest())
+    try:
+        assert drain(f, 1) == [3]
+        publish(events, version(11, "other"), version(4))
+        assert drain(f, 1) == [4] and f.ignored >= 1
+    finally:
+        f.close()
+
+
+def test_back_k_takes_k_plus_one_records_of_this_policy_whatever_lies_between(events):
+    for v in range(5):  # p0 o0 p1 o1 ...: K+1 records back from the end would hold only half of them
+        publish(events, version(v), version(v, "other"))
+    for k, want in ((2, [2, 3, 4]), (0, [4]), (10, [0, 1, 2, 3, 4])):
+        f = PolicyFollower(events, "p", StartRule.back(k))
+        try:
+            assert drain(f, len(want)) == want
+        finally:
+            f.close()
+
+
+def test_at_version_replays_from_v_then_follows(events):
+    publish(events, *(version(v) for v in range(5)))
+    f = PolicyFollower(events, "p", StartRule.at_version(2))
+    try:
+        assert drain(f, 3) == [2, 3, 4]
+        publish(events, version(5))
+        assert drain(f, 1) == [5]
+    finally:
+        f.close()
+
+
+def test_the_follower_ignores_other_policies_and_counts_junk(events):
+    publish(events, version(0), version(0, "other"), version(1, "other"))
+    events.bus.produce(POLICY_VERSIONS, b"not an event", key=b"p")
+    publish(events, version(1), version(1))  # a duplicate: versions never go backwards
+    f = PolicyFollower(events, "p", StartRule.at_version(0), stage="actor-0")
+    try:
+        got = drain(f, 2)
+        assert got == [0, 1]
+        wait_for(lambda: f.poll(0.2) == [] and f.skipped == 1, 30, "the duplicate")
+        assert f.ignored == 2 and f.undecodable == 1
+        assert events.dead_letters.skipped  # an actor only counts it: the learner owns the dead letter
+    finally:
+        f.close()
+
+
+def test_start_rules_are_checked():
+    with pytest.raises(ValueError):
+        StartRule.back(-1)
+    with pytest.raises(ValueError):
+        StartRule.at_version(-2)
+
+
+# -- the loader --------------------------------------------------------------------------------
+
+def test_one_loader_for_inline_and_claim_checked_weights(blobs):
+    p = policy(7)
+    inline, checked = version(7, p=p), version(7, blobs=blobs, p=p)
+    assert checked.weights is None and checked.weights_ref is not None
+    assert same(load_policy(inline), p) and same(load_policy(checked, blobs), p)
+    assert same(load_policy(checked, lambda ref: blobs.get(ref.key)), p)  # a fetch function will do
+    into = policy(1)
+    assert load_policy(checked, blobs, into=into) is into and same(into, p)
+    with pytest.raises(PolicyLoadError, match="no blob store"):
+        load_policy(checked)
+    with pytest.raises(PolicyLoadError, match="sha256"):
+        load_policy(checked, lambda ref: b"x" * ref.size)
+    other = version(1, p=policy(1, obs=5))  # another architecture: a new module, ``into`` untouched
+    assert load_policy(other, into=into) is not into and same(into, p)
+
+
+# -- the window --------------------------------------------------------------------------------
+
+def test_the_window_keeps_the_last_n_and_falls_back_past_a_version_that_does_not_load(blobs):
+    w = PolicyWindow("p", size=3)  # no blob store: claim-checked versions do not load
+    assert w.add(version(0)) and not w.add(version(5, "other"))
+    for v in (1, 2):
+        assert w.add(version(v))
+    assert w.add(version(3, blobs=blobs), record="rec-3")
+    assert w.versions() == [1, 2, 3] and w.record(3) == "rec-3"
+    v, fn = w.newest_logp()
+    assert v == 2 and fn.version == 2
+    (failure,) = w.take_failures()
+    assert failure[0] == 3 and isinstance(failure[1], PolicyLoadError) and failure[2] == "rec-3"
+    assert w.newest_logp()[0] == 2 and w.take_failures() == []  # each failure is reported once
+
+    w = PolicyWindow("p", size=16, blobs=blobs)  # with the store, it gets importance weights
+    w.add(version(3, blobs=blobs))
+    assert w.newest_logp()[0] == 3 and w.take_failures() == []
+
+
+# -- claim-checked versions get importance weights and are adopted ---------------------------------
+
+def _stale_batch(prepared: list[PreparedBatch]) -> PreparedBatch:
+    (pb,) = prepared
+    assert pb.current_version == 1 and pb.sample.policy_version == 0
+    assert not np.allclose(pb.is_rho, 1.0)  # computed against version 1, not defaulted to ones
+    return pb
+
+
+def test_the_worker_shell_weights_a_batch_against_a_claim_checked_version(events, blobs):
+    from streams.worker import PrepareWorker
+
+    cfg = PrepareConfig(max_versions=4, max_ms=None, reorder_timeout_ms=10, policy_id="p", behaviour_cap=None)
+    worker = PrepareWorker(events, Prepare.from_config(cfg, PolicyLogpFn.factory(blobs)), group="g")
+    try:
+        publish(events, version(0), version(1, blobs=blobs))
+        wait_for(lambda: worker.step(0.2) >= 0 and worker.prepare.stats.latest_version == 1, 30, "version 1")
+        b = make_batch("a", 0, version=0, created=0)
+        events.publish(SAMPLES_RAW, b, key="a")
+        events.flush()
+        wait_for(lambda: worker.step(0.2) >= 0 and worker.published == 1, 30, "the prepared batch")
+    finally:
+        worker.close()
+    prepared = [events.codec.decode(r.value) for r in events.bus.read_all(SAMPLES_PREPARED)]
+    _stale_batch(prepared)
+    assert worker.prepare.stats.is_version == 1 and worker.prepare.stats.policy_errors == 0
+
+
+def test_the_faust_shell_fetches_claim_checked_weights_from_redis_url(monkeypatch, blobs):
+    from streams.faust_app import StreamsApp, StreamsSettings
+
+    monkeypatch.setenv("REDIS_URL", blobs.url)
+    cfg = PrepareConfig(max_versions=4, max_ms=None, reorder_timeout_ms=10, policy_id="p", behaviour_cap=None)
+    sa = StreamsApp(StreamsSettings(app_id=f"test-{uuid.uuid4().hex[:8]}", prepare=cfg), metrics=None)
+    sent: list[tuple[str, bytes]] = []
+
+    async def capture(topic, key, value, headers):  # the app's output seam
+        sent.append((topic, value))
+
+    sa.send = capture
+    codec = Codec()
+
+    async def scenario():
+        for off, pv in enumerate((version(0), version(1, blobs=blobs))):
+            msg = type("Msg", (), dict(topic=POLICY_VERSIONS, partition=0, offset=off, key=b"p",
+                                       value=codec.encode(pv), headers=()))
+            await sa.on_policy_message(msg)
+        async with sa.samples_agent.test_context() as agent:
+            await agent.put(codec.encode(make_batch("a", 0, version=0, created=0)), key=b"a")
+
+    asyncio.run(scenario())
+    _stale_batch([codec.decode(v) for t, v in sent if t == SAMPLES_PREPARED])
+
+
+def test_an_actor_adopts_a_claim_checked_version(events, blobs):
+    p = policy(3, obs=3, act=1)
+    publish(events, version(0, "other"), version(3, "policy", blobs=blobs, p=p), version(4, "other"))
+    sub = PolicySubscriber(events, "policy", "actor-0", blob_store=blobs)  # newest of ITS policy: 3
+    actor = Actor(ActorConfig(env_id="Pendulum-v1", num_envs=1, fragment_steps=8), sub, events)
+    try:
+        assert sub.wait_for(3, timeout=30.0) and same(sub.policy, p)
+        batch = actor.step()
+        assert batch.policy_version == 3
+    finally:
+        sub.close()
