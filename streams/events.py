@@ -11,7 +11,6 @@ every record that cannot be decoded or is invalid — with the reason, never sil
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -63,7 +62,7 @@ class DeadLetters:
             value = value[:MAX_DEADLETTER_PAYLOAD]
         err_class = type(error).__name__ if isinstance(error, BaseException) else str(error)
         if isinstance(error, BaseException) and not detail:
-            detail = "".join(traceback.format_exception_only(type(error), error)).strip()[:2000]
+            detail = f"{err_class}: {error}".strip()[:2000]
         return DeadLetter(
             topic=record.topic, partition=record.partition, offset=record.offset, value=bytes(value),
             reason=reason, error_class=err_class, stage=stage, occurred_at_ms=now_ms(),

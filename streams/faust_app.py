@@ -48,7 +48,7 @@ import logging
 import os
 import ssl
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +117,9 @@ class StreamsSettings:
     staleness window's K + 1)."""
     policy_catchup_s: float = 30.0
     """Most seconds sample processing waits on start for the policy reader to catch up."""
+    raw_partitions: int | None = None
+    """Partitions of rl.samples.raw, which the per-actor state table's changelog must match
+    (None: asked of the broker when the app is built, ``raw_partitions_of``)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "StreamsSettings":
@@ -234,6 +237,61 @@ def as_record(msg: Any, namespace: Namespace = LEGACY) -> Record:
                   _headers(msg.headers))
 
 
+def raw_partitions_of(settings: StreamsSettings, timeout: float = 5.0) -> int:
+    """Partitions of the namespace's rl.samples.raw on the broker; ``topic_partitions`` (what
+    Faust creates it with) when it does not exist or the broker does not answer in time."""
+    try:
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": settings.brokers, **settings.client_config})
+        topic = settings.namespace.topic(SAMPLES_RAW)
+        meta = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is not None and meta.error is None and meta.partitions:
+            return len(meta.partitions)
+    except Exception as e:
+        log.warning("could not read the partitions of %s: %r", SAMPLES_RAW, e)
+    return settings.topic_partitions
+
+
+class TableState(MutableMapping):
+    """Per-actor state (``ReorderBuffer``'s ``state``) in a Faust Table: reads and writes the
+    table's local store, and queues each change as a changelog record of the actor's partition
+    (the value's ``"p"``); ``flush`` sends them. Writes need no stream context, so a timer's
+    reorder release can change state too. On a rebalance Faust restores the changelog of the
+    partitions a worker gains, so the state follows the actor."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+        self.pending: dict[str, tuple[int, dict | None]] = {}
+
+    def __getitem__(self, key: str) -> dict:
+        return self.table.data[key]
+
+    def __setitem__(self, key: str, value: dict) -> None:
+        self.table.data[key] = value
+        self.pending[key] = (int(value.get("p", -1)), value)
+
+    def __delitem__(self, key: str) -> None:
+        value = self.table.data.pop(key)
+        self.pending[key] = (int(value.get("p", -1)), None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self.table.data.keys()))
+
+    def __len__(self) -> int:
+        return len(self.table.data)
+
+    def flush(self) -> list[Any]:
+        """Send the queued changes; their futures (done once each is written)."""
+        futs = []
+        for key, (partition, value) in self.pending.items():
+            if partition >= 0:  # None: a tombstone, as Faust deletes a key
+                futs.append(self.table.send_changelog(partition, key, value,
+                                                      value_serializer="raw" if value is None else None))
+        self.pending.clear()
+        return futs
+
+
 class StreamsApp:
     """The Faust app with its agents around one ``Prepare``. ``app`` is what Faust runs."""
 
@@ -246,8 +304,6 @@ class StreamsApp:
             torch.set_num_threads(settings.torch_threads)
         self.codec = codec or Codec()
         self.metrics = metrics if metrics is not None else _make_metrics()
-        prepare = prepare or Prepare.from_config(settings.prepare, PolicyLogpFn.from_policy_version,
-                                                 metrics=self.metrics)
         self.app = faust.App(
             settings.app_id,
             broker=broker_urls(settings.brokers),
@@ -267,6 +323,13 @@ class StreamsApp:
             broker_commit_interval=settings.commit_interval_s,
         )
         self.topics = {name: self._topic(name) for name in (SAMPLES_RAW, SAMPLES_PREPARED, DEADLETTER)}
+        self.actor_state: TableState | None = None
+        if prepare is None:
+            partitions = settings.raw_partitions or raw_partitions_of(settings)
+            self.actor_state = TableState(self.app.Table(
+                "actor-state", partitions=partitions, help="per-actor reorder and dedup state (JSON)"))
+            prepare = Prepare.from_config(settings.prepare, PolicyLogpFn.from_policy_version,
+                                          metrics=self.metrics, actor_state=self.actor_state)
         self.send: SendFn = self._kafka_send
         hooks = (self.metrics.count_dead_letter, self.metrics.count_skipped) if self.metrics is not None else (None, None)
         self.core = ShellCore(prepare, DeadLetters(None, self.codec, hooks[0], on_skip=hooks[1]), STAGE,
@@ -452,9 +515,9 @@ class StreamsApp:
         return await fut
 
     async def _deliver(self, sends: list[Send]) -> int:
-        """Write ``sends`` in order (a failed one is replaced by what the core says), acking each
-        record once what finishes it is written; returns how many there were."""
-        queue = list(sends)
+        """Write ``sends`` in order (a failed one is replaced by what the core says), then the
+        per-actor state they changed, then ack the records they finish; returns how many."""
+        queue, done = list(sends), []
         while queue:
             s = queue.pop(0)
             if s.topic is not None:
@@ -465,7 +528,16 @@ class StreamsApp:
                     continue
                 self.core.sent(s)
             if s.done is not None:
-                s.done.ack()
+                done.append(s.done)
+        if self.actor_state is not None and self.actor_state.pending:
+            try:
+                for fut in self.actor_state.flush():
+                    await fut
+            except Exception:  # unacknowledged, the records are redelivered
+                log.exception("could not write the per-actor state")
+                return len(sends)
+        for event in done:
+            event.ack()
         return len(sends)
 
 
