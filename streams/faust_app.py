@@ -335,6 +335,7 @@ class StreamsApp:
         self.core = ShellCore(prepare, DeadLetters(None, self.codec, hooks[0], on_skip=hooks[1]), STAGE,
                               self.codec, policy_records)
         self._policies_ready: asyncio.Event | None = None  # set by follow-policies once caught up
+        self.partitions: set[int] = set()  # of rl.samples.raw, assigned to this worker
         self._wire()
 
     prepare = property(lambda self: self.core.prepare, lambda self, p: setattr(self.core, "prepare", p))
@@ -383,6 +384,11 @@ class StreamsApp:
             raw = self.settings.namespace.topic(SAMPLES_RAW)
             self.on_revoked({tp.partition for tp in revoked if tp.topic == raw})
 
+        @app.on_partitions_assigned.connect
+        async def on_assigned(sender, assigned, **kwargs):
+            raw = self.settings.namespace.topic(SAMPLES_RAW)
+            self.partitions = {tp.partition for tp in assigned if tp.topic == raw}
+
         @app.on_before_shutdown.connect
         async def write_summary(sender, **kwargs):
             self.write_summary()
@@ -396,7 +402,7 @@ class StreamsApp:
 
         @app.page("/healthz")
         async def healthz(web, request):
-            return web.json({"ok": True, "stats": self.prepare.stats.as_dict()})
+            return web.json({"ok": True, "partitions": sorted(self.partitions), "stats": self.prepare.stats.as_dict()})
 
         @app.page("/readyz")
         async def readyz(web, request):
@@ -492,6 +498,7 @@ class StreamsApp:
         return await self._deliver(self.core.tick())
 
     def on_revoked(self, partitions: set[int]) -> None:
+        self.partitions -= partitions
         dropped = self.core.revoke(partitions)  # not acked: the new owner gets them again
         if dropped:
             log.info("rebalance: released %d buffered batches of partitions %s", dropped, sorted(partitions))

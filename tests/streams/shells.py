@@ -91,8 +91,12 @@ class FaustShell:
         self.ports.append(port)
         return role
 
+    def stats_doc(self, i: int = -1) -> dict:
+        """Worker ``i``'s ``/healthz``: its raw partitions and processor stats."""
+        return http_json(f"http://127.0.0.1:{self.ports[i]}/healthz")
+
     def stats(self, i: int = -1) -> dict:
-        return http_json(f"http://127.0.0.1:{self.ports[i]}/healthz")["stats"]
+        return self.stats_doc(i)["stats"]
 
     def logs(self) -> str:
         return "\n".join(f"--- {w.name} ---\n{w.tail(60)}" for w in self.workers)
