@@ -36,8 +36,10 @@ arguments, and the pipeline settings (``prepare_config_from_env``: ``RLSTREAM_AL
 its topics, and its ``STREAMS_GROUP`` as the app id; unset: the legacy unscoped names).
 
 Several workers share ``rl.samples.raw`` by partition (the consumer group) and each follows
-every PolicyVersion. Limit: per-actor reorder state lives in the worker that owns the actor's
-partition; a rebalance moves it (held batches are redelivered, uncommitted, to the new owner).
+every PolicyVersion. Per-actor reorder/dedup state lives in the Faust table ``actor-state``
+(``TableState``; its changelog has as many partitions as rl.samples.raw), so a rebalance moves
+it with the partition; buffered batches are redelivered, uncommitted, to the new owner. The
+record-level rules (decode, dead-letter, hold, emit) are ``streams.shell.ShellCore``'s.
 """
 
 from __future__ import annotations
@@ -505,8 +507,7 @@ class StreamsApp:
 
     # -- output -----------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        return {"role": "streams", "policy_id": self.prepare.policy_id, **self.core.counts(),
-                **self.prepare.stats.as_dict()}
+        return self.core.summary()
 
     def write_summary(self) -> None:
         """One ``{"summary": ...}`` line on the real stdout (the worker redirects ``sys.stdout``)."""

@@ -253,6 +253,11 @@ class ShellCore:
     def counts(self) -> dict[str, int]:
         return {"published": self.published, "dead_lettered": self.dead_lettered, "skipped": self.skipped}
 
+    def summary(self) -> dict[str, Any]:
+        """The role summary both shells print on shutdown."""
+        return {"role": "streams", "policy_id": self.prepare.policy_id, **self.counts(),
+                **self.prepare.stats.as_dict()}
+
     def _safe(self, fn: Callable[[], list[Output]]) -> list[Output]:
         try:
             return fn()

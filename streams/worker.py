@@ -136,3 +136,39 @@ class PrepareWorker:
                 c.close()
             except Exception:
                 pass
+
+
+def main(env: dict[str, str] | None = None) -> int:
+    """``python -m streams.worker``: the in-process shell as a process on Kafka, configured from
+    the environment exactly like the Faust worker (``KAFKA_BROKERS``, ``RLSTREAM_NAMESPACE``,
+    ``prepare_config_from_env``). Runs until SIGTERM/SIGINT, then prints one
+    ``{"summary": ...}`` line."""
+    import json
+    import os
+    import signal
+
+    from schemas.codec import Codec
+    from streams.bus.kafka import KafkaBus
+    from streams.bus.namespaced import NamespacedBus
+    from streams.faust_app import StreamsSettings
+    from streams.processors.importance import PolicyLogpFn
+
+    settings = StreamsSettings.from_env(os.environ if env is None else env)
+    bus = KafkaBus(settings.brokers, client_id="rlstream-streams-worker")
+    if settings.namespace.name:
+        bus = NamespacedBus(bus, settings.namespace)
+    prepare = Prepare.from_config(settings.prepare, PolicyLogpFn.from_policy_version)
+    worker = PrepareWorker(EventBus(bus, Codec()), prepare)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        worker.run(stop)
+    finally:
+        bus.close()
+    print(json.dumps({"summary": worker.core.summary()}, sort_keys=True, default=str), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
