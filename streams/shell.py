@@ -228,14 +228,15 @@ class ShellCore:
 
     def failed(self, send: Send, error: BaseException) -> list[Send]:
         """``send`` could not be written: a PreparedBatch's raw record is dead-lettered instead;
-        a dead letter that cannot be written is logged (its record stays unacknowledged)."""
+        a dead letter that cannot be written is logged and counted in ``errors``, and its record
+        released like a written one (both shells commit past it)."""
         self.errors += 1
         if send.topic == SAMPLES_PREPARED and send.source is not None:
             rec = send.source
             self.prepare.reject_record(REASON_PROCESSOR_ERROR, error, rec.partition, rec.offset)
             return self.dead_letter(rec, REASON_PROCESSOR_ERROR, error, done=send.done)
         log.error("could not write to %s (%s): %r", send.topic, send.reason or "output", error)
-        return []
+        return [Send(None, done=send.done)]
 
     def deliver(self, sends: list[Send], produce: Callable[[Send], Any]) -> None:
         """Write ``sends`` with ``produce`` (raises on failure), in order, reporting each."""
