@@ -11,7 +11,6 @@ every record that cannot be decoded or is invalid — with the reason, never sil
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -47,23 +46,34 @@ class DeadLetters:
         if not dead_letters_here(record.topic, stage):
             self.skip(record.topic, reason)
             return False
+        dl = self.build(record, reason, error, stage, detail)
+        self.bus.produce(self.topic, self.codec.encode(dl), key=record.key, headers=self.codec.headers_for(dl))
+        self.count(record.topic, reason)
+        return True
+
+    @staticmethod
+    def build(record: Record, reason: str, error: BaseException | str, stage: str, detail: str = "") -> DeadLetter:
+        """The one DeadLetter of ``record``: its bytes (cut past ``MAX_DEADLETTER_PAYLOAD``, said so
+        in ``detail``), ``error_class`` the exception's class (or ``error`` itself when it is a
+        string) and ``detail`` the given text or else ``"<Class>: <message>"``."""
         value = record.value
         if len(value) > MAX_DEADLETTER_PAYLOAD:
             detail = f"{detail} (payload of {len(value)} bytes cut to {MAX_DEADLETTER_PAYLOAD})".strip()
             value = value[:MAX_DEADLETTER_PAYLOAD]
         err_class = type(error).__name__ if isinstance(error, BaseException) else str(error)
         if isinstance(error, BaseException) and not detail:
-            detail = "".join(traceback.format_exception_only(type(error), error)).strip()[:2000]
-        dl = DeadLetter(
+            detail = f"{err_class}: {error}".strip()[:2000]
+        return DeadLetter(
             topic=record.topic, partition=record.partition, offset=record.offset, value=bytes(value),
             reason=reason, error_class=err_class, stage=stage, occurred_at_ms=now_ms(),
             key=record.key, headers=dict(record.headers), detail=detail,
         )
-        self.bus.produce(self.topic, self.codec.encode(dl), key=record.key, headers=self.codec.headers_for(dl))
+
+    def count(self, topic: str, reason: str) -> None:
+        """Count a dead letter of a record of ``topic`` that was written."""
         self.counts[reason] = self.counts.get(reason, 0) + 1
         if self.on_dead_letter is not None:
-            self.on_dead_letter(record.topic, reason)
-        return True
+            self.on_dead_letter(topic, reason)
 
     def skip(self, topic: str, reason: str) -> None:
         """Count a bad record of ``topic`` that its owner dead-letters."""

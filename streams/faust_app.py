@@ -37,8 +37,10 @@ arguments, and the pipeline settings (``prepare_config_from_env``: ``RLSTREAM_AL
 its topics, and its ``STREAMS_GROUP`` as the app id; unset: the legacy unscoped names).
 
 Several workers share ``rl.samples.raw`` by partition (the consumer group) and each follows
-every PolicyVersion. Limit: per-actor reorder state lives in the worker that owns the actor's
-partition; a rebalance moves it (held batches are redelivered, uncommitted, to the new owner).
+every PolicyVersion. Per-actor reorder/dedup state lives in the Faust table ``actor-state``
+(``TableState``; its changelog has as many partitions as rl.samples.raw), so a rebalance moves
+it with the partition; buffered batches are redelivered, uncommitted, to the new owner. The
+record-level rules (decode, dead-letter, hold, emit) are ``streams.shell.ShellCore``'s.
 """
 
 from __future__ import annotations
@@ -49,19 +51,19 @@ import logging
 import os
 import ssl
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import faust
 
 from schemas.codec import Codec
-from schemas.errors import CodecError
-from schemas.events import DeadLetter, PolicyVersion, PreparedBatch, SampleBatch, now_ms
-from streams.events import MAX_DEADLETTER_PAYLOAD
+from streams.bus.base import Record
+from streams.events import DeadLetters
 from streams.processors.importance import PolicyLogpFn
-from streams.processors.pipeline import REASON_PROCESSOR_ERROR, Output, Prepare, PrepareConfig
 from streams.policies import blob_store_from_env
+from streams.processors.pipeline import Prepare, PrepareConfig
+from streams.shell import PolicyRecords, Send, ShellCore, policy_backlog, policy_starts
 from streams.topics import (
     DEADLETTER,
     LEGACY,
@@ -71,7 +73,6 @@ from streams.topics import (
     STREAMS_GROUP,
     TOPICS,
     Namespace,
-    dead_letters_here,
 )
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,9 @@ class StreamsSettings:
     staleness window's K + 1)."""
     policy_catchup_s: float = 30.0
     """Most seconds sample processing waits on start for the policy reader to catch up."""
+    raw_partitions: int | None = None
+    """Partitions of rl.samples.raw, which the per-actor state table's changelog must match
+    (None: asked of the broker when the app is built, ``raw_partitions_of``)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "StreamsSettings":
@@ -229,11 +233,74 @@ def _headers(h: Any) -> dict[str, bytes]:
     return out
 
 
+def as_record(msg: Any, namespace: Namespace = LEGACY) -> Record:
+    """A Kafka message (Faust's or aiokafka's) as a bus ``Record`` under its logical topic name."""
+    key = msg.key if isinstance(msg.key, (bytes, type(None))) else str(msg.key).encode()
+    value = msg.value if isinstance(msg.value, (bytes, bytearray)) else repr(msg.value).encode()
+    return Record(namespace.logical(str(msg.topic)), int(msg.partition), int(msg.offset), key, bytes(value),
+                  _headers(msg.headers))
+
+
+def raw_partitions_of(settings: StreamsSettings, timeout: float = 5.0) -> int:
+    """Partitions of the namespace's rl.samples.raw on the broker; ``topic_partitions`` (what
+    Faust creates it with) when it does not exist or the broker does not answer in time."""
+    try:
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": settings.brokers, **settings.client_config})
+        topic = settings.namespace.topic(SAMPLES_RAW)
+        meta = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is not None and meta.error is None and meta.partitions:
+            return len(meta.partitions)
+    except Exception as e:
+        log.warning("could not read the partitions of %s: %r", SAMPLES_RAW, e)
+    return settings.topic_partitions
+
+
+class TableState(MutableMapping):
+    """Per-actor state (``ReorderBuffer``'s ``state``) in a Faust Table: reads and writes the
+    table's local store, and queues each change as a changelog record of the actor's partition
+    (the value's ``"p"``); ``flush`` sends them. Writes need no stream context, so a timer's
+    reorder release can change state too. On a rebalance Faust restores the changelog of the
+    partitions a worker gains, so the state follows the actor."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+        self.pending: dict[str, tuple[int, dict | None]] = {}
+
+    def __getitem__(self, key: str) -> dict:
+        return self.table.data[key]
+
+    def __setitem__(self, key: str, value: dict) -> None:
+        self.table.data[key] = value
+        self.pending[key] = (int(value.get("p", -1)), value)
+
+    def __delitem__(self, key: str) -> None:
+        value = self.table.data.pop(key)
+        self.pending[key] = (int(value.get("p", -1)), None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self.table.data.keys()))
+
+    def __len__(self) -> int:
+        return len(self.table.data)
+
+    def flush(self) -> list[Any]:
+        """Send the queued changes; their futures (done once each is written)."""
+        futs = []
+        for key, (partition, value) in self.pending.items():
+            if partition >= 0:  # None: a tombstone, as Faust deletes a key
+                futs.append(self.table.send_changelog(partition, key, value,
+                                                      value_serializer="raw" if value is None else None))
+        self.pending.clear()
+        return futs
+
+
 class StreamsApp:
     """The Faust app with its agents around one ``Prepare``. ``app`` is what Faust runs."""
 
     def __init__(self, settings: StreamsSettings, prepare: Prepare | None = None, metrics: Any = None,
-                 codec: Codec | None = None) -> None:
+                 codec: Codec | None = None, policy_records: PolicyRecords | None = None) -> None:
         self.settings = settings
         if settings.torch_threads > 0:
             import torch
@@ -241,8 +308,6 @@ class StreamsApp:
             torch.set_num_threads(settings.torch_threads)
         self.codec = codec or Codec()
         self.metrics = metrics if metrics is not None else _make_metrics()
-        self.prepare = prepare or Prepare.from_config(
-            settings.prepare, PolicyLogpFn.factory(blob_store_from_env()), metrics=self.metrics)
         self.app = faust.App(
             settings.app_id,
             broker=broker_urls(settings.brokers),
@@ -262,14 +327,25 @@ class StreamsApp:
             broker_commit_interval=settings.commit_interval_s,
         )
         self.topics = {name: self._topic(name) for name in (SAMPLES_RAW, SAMPLES_PREPARED, DEADLETTER)}
+        self.actor_state: TableState | None = None
+        if prepare is None:
+            partitions = settings.raw_partitions or raw_partitions_of(settings)
+            self.actor_state = TableState(self.app.Table(
+                "actor-state", partitions=partitions, help="per-actor reorder and dedup state (JSON)"))
+            prepare = Prepare.from_config(settings.prepare, PolicyLogpFn.factory(blob_store_from_env()),
+                                          metrics=self.metrics, actor_state=self.actor_state)
         self.send: SendFn = self._kafka_send
-        self._held: dict[tuple[int, int], Any] = {}  # (partition, offset) -> faust event not acked yet
-        self._policy_msgs: dict[int, Any] = {}  # newest versions' records, to dead-letter a bad one
+        hooks = (self.metrics.count_dead_letter, self.metrics.count_skipped) if self.metrics is not None else (None, None)
+        self.core = ShellCore(prepare, DeadLetters(None, self.codec, hooks[0], on_skip=hooks[1]), STAGE,
+                              self.codec, policy_records)
         self._policies_ready: asyncio.Event | None = None  # set by follow-policies once caught up
-        self.published = 0
-        self.dead_lettered = 0
-        self.skipped = 0  # bad records of a topic whose dead letters another role owns
+        self.partitions: set[int] = set()  # of rl.samples.raw, assigned to this worker
         self._wire()
+
+    prepare = property(lambda self: self.core.prepare, lambda self, p: setattr(self.core, "prepare", p))
+    published = property(lambda self: self.core.published)
+    dead_lettered = property(lambda self: self.core.dead_lettered)
+    skipped = property(lambda self: self.core.skipped)
 
     def _topic(self, name: str) -> Any:
         spec = TOPICS[name]
@@ -312,6 +388,11 @@ class StreamsApp:
             raw = self.settings.namespace.topic(SAMPLES_RAW)
             self.on_revoked({tp.partition for tp in revoked if tp.topic == raw})
 
+        @app.on_partitions_assigned.connect
+        async def on_assigned(sender, assigned, **kwargs):
+            raw = self.settings.namespace.topic(SAMPLES_RAW)
+            self.partitions = {tp.partition for tp in assigned if tp.topic == raw}
+
         @app.on_before_shutdown.connect
         async def write_summary(sender, **kwargs):
             self.write_summary()
@@ -325,7 +406,7 @@ class StreamsApp:
 
         @app.page("/healthz")
         async def healthz(web, request):
-            return web.json({"ok": True, "stats": self.prepare.stats.as_dict()})
+            return web.json({"ok": True, "partitions": sorted(self.partitions), "stats": self.prepare.stats.as_dict()})
 
         @app.page("/readyz")
         async def readyz(web, request):
@@ -338,10 +419,6 @@ class StreamsApp:
         self.policies_task = follow_policies
         self.samples_agent = prepare_samples
         self.reorder_tick = reorder_tick
-
-    # -- handlers (each catches per-record errors) ------------------------------------------
-    def _decode(self, value: Any, expect: type) -> Any:
-        return self.codec.decode_valid(value, expect)
 
     # -- the policy stream -----------------------------------------------------------------
     def _policy_consumer(self) -> Any:
@@ -362,10 +439,7 @@ class StreamsApp:
 
         ready = self._policies_ready = asyncio.Event()
         consumer = consumer if consumer is not None else self._policy_consumer()
-        backlog = self.settings.policy_backlog
-        if backlog is None:
-            backlog = self.prepare.staleness.max_versions + 1
-        backlog = max(1, min(int(backlog), 1 << 20))
+        backlog = policy_backlog(self.prepare, self.settings.policy_backlog)
         topic = self.settings.namespace.topic(POLICY_VERSIONS)
         await consumer.start()
         try:
@@ -382,8 +456,8 @@ class StreamsApp:
             ends = await consumer.end_offsets(tps)
             starts = await consumer.beginning_offsets(tps)
             pending = {}
-            for tp in tps:
-                consumer.seek(tp, max(starts.get(tp, 0), ends[tp] - backlog))
+            for tp, offset in policy_starts(ends, backlog, starts).items():
+                consumer.seek(tp, offset)
                 if ends[tp] > starts.get(tp, 0):
                     pending[tp.partition] = ends[tp]
             while True:
@@ -414,72 +488,28 @@ class StreamsApp:
 
     async def on_policy_message(self, msg: Any) -> bool:
         """One record of rl.policy.versions (anything with topic, partition, offset, key, value,
-        headers); True if it is the newest version of our policy."""
-        try:
-            pv = self._decode(msg.value, PolicyVersion)
-            newest = self.prepare.on_policy(pv)
-            if newest:
-                self._policy_msgs[pv.version] = msg
-                while len(self._policy_msgs) > 16:
-                    self._policy_msgs.pop(next(iter(self._policy_msgs)))
-            return newest
-        except Exception as e:
-            self.prepare.stats.policy_errors += 1
-            reason = e.reason if isinstance(e, CodecError) else REASON_PROCESSOR_ERROR
-            await self._dead_letter(msg, reason, e)
-            return False
+        headers); True if it is now the newest version of our policy."""
+        before = self.prepare.stats.latest_version
+        await self._deliver(self.core.on_policy(as_record(msg, self.settings.namespace)))
+        return self.prepare.stats.latest_version != before
 
     # -- the sample stream ------------------------------------------------------------------
     async def on_sample_event(self, event: Any) -> int:
         await self.wait_for_policies()
-        msg = event.message
-        key = (msg.partition, msg.offset)
-        try:
-            batch = self._decode(event.value, SampleBatch)
-        except CodecError as e:
-            self.prepare.reject_record(e.reason, e, msg.partition, msg.offset)
-            await self._dead_letter(msg, e.reason, e)
-            event.ack()
-            return 1
-        except Exception as e:
-            self.prepare.reject_record(REASON_PROCESSOR_ERROR, e, msg.partition, msg.offset)
-            await self._dead_letter(msg, REASON_PROCESSOR_ERROR, e)
-            event.ack()
-            return 1
-        self._held[key] = event
-        try:
-            outs = self.prepare.push(batch, msg.partition, msg.offset)
-        except Exception as e:
-            self._held.pop(key, None)
-            self.prepare.reject_record(REASON_PROCESSOR_ERROR, e, msg.partition, msg.offset)
-            await self._dead_letter(msg, REASON_PROCESSOR_ERROR, e)
-            event.ack()
-            return 1
-        await self._emit(outs)
-        return len(outs)
+        return await self._deliver(self.core.on_sample(as_record(event.message, self.settings.namespace), event))
 
     async def tick(self) -> int:
-        try:
-            outs = self.prepare.tick()
-        except Exception:
-            log.exception("reorder tick failed")
-            return 0
-        await self._emit(outs)
-        return len(outs)
+        return await self._deliver(self.core.tick())
 
     def on_revoked(self, partitions: set[int]) -> None:
-        if not partitions:
-            return
-        dropped = self.prepare.revoke(partitions)
-        for k in [k for k in self._held if k[0] in partitions]:
-            self._held.pop(k)  # not acked: the new owner gets them again
+        self.partitions -= partitions
+        dropped = self.core.revoke(partitions)  # not acked: the new owner gets them again
         if dropped:
             log.info("rebalance: released %d buffered batches of partitions %s", dropped, sorted(partitions))
 
     # -- output -----------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        return {"role": "streams", "policy_id": self.prepare.policy_id, "published": self.published,
-                "dead_lettered": self.dead_lettered, "skipped": self.skipped, **self.prepare.stats.as_dict()}
+        return self.core.summary()
 
     def write_summary(self) -> None:
         """One ``{"summary": ...}`` line on the real stdout (the worker redirects ``sys.stdout``),
@@ -500,63 +530,31 @@ class StreamsApp:
         fut = await self.topics[topic].send(key=key, value=value, headers=list(headers.items()))
         return await fut
 
-    async def _emit(self, outs: list[Output]) -> None:
-        for version, error in self.prepare.take_policy_failures():
-            bad = self._policy_msgs.pop(version, None)
-            if bad is not None:  # its weights do not build a policy: IS goes on with the last good one
-                await self._dead_letter(bad, getattr(error, "reason", "policy_unusable"), error)
-        for out in outs:
-            if isinstance(out, PreparedBatch):
-                event = self._held.pop((out.source_partition, out.source_offset), None)
+    async def _deliver(self, sends: list[Send]) -> int:
+        """Write ``sends`` in order (a failed one is replaced by what the core says), then the
+        per-actor state they changed, then ack the records they finish; returns how many."""
+        queue, done = list(sends), []
+        while queue:
+            s = queue.pop(0)
+            if s.topic is not None:
                 try:
-                    await self.send(SAMPLES_PREPARED, out.sample.actor_id.encode(), self.codec.encode(out),
-                                    self.codec.headers_for(out))
-                    self.published += 1
+                    await self.send(s.topic, s.key, s.value, dict(s.headers or {}))
                 except Exception as e:
-                    if event is None:
-                        log.exception("could not publish a prepared batch")
-                        continue
-                    self.prepare.reject_record(REASON_PROCESSOR_ERROR, e, out.source_partition, out.source_offset)
-                    await self._dead_letter(event.message, REASON_PROCESSOR_ERROR, e)
-            else:
-                event = self._held.pop((out.partition, out.offset), None)
-                if out.dead_letter and event is not None:
-                    await self._dead_letter(event.message, out.reason, out.error or out.reason, out.detail)
-            if event is not None:
-                event.ack()
-
-    async def _dead_letter(self, msg: Any, reason: str, error: BaseException | str, detail: str = "") -> None:
-        if not dead_letters_here(str(msg.topic), STAGE):  # the learner dead-letters policy records
-            self.skipped += 1
-            if self.metrics is not None:
-                self.metrics.count_skipped(str(msg.topic), reason)
-            return
-        value = msg.value if isinstance(msg.value, (bytes, bytearray)) else repr(msg.value).encode()
-        if len(value) > MAX_DEADLETTER_PAYLOAD:
-            detail = f"{detail} (payload of {len(value)} bytes cut to {MAX_DEADLETTER_PAYLOAD})".strip()
-            value = value[:MAX_DEADLETTER_PAYLOAD]
-        if isinstance(error, BaseException):
-            err_class = type(error).__name__
-            detail = detail or f"{err_class}: {error}"[:2000]
-        else:
-            err_class = str(error)
-        key = msg.key if isinstance(msg.key, (bytes, type(None))) else str(msg.key).encode()
-        dl = DeadLetter(
-            topic=str(msg.topic), partition=int(msg.partition), offset=int(msg.offset), value=bytes(value),
-            reason=reason, error_class=err_class, stage=STAGE, occurred_at_ms=now_ms(), key=key,
-            headers=_headers(msg.headers), detail=detail,
-        )
-        try:
-            await self.send(DEADLETTER, key, self.codec.encode(dl), self.codec.headers_for(dl))
-            self.dead_lettered += 1
-        except Exception:
-            log.exception("could not dead-letter %s[%s]@%s (%s)", msg.topic, msg.partition, msg.offset, reason)
-            return
-        if self.metrics is not None:
+                    queue[:0] = self.core.failed(s, e)
+                    continue
+                self.core.sent(s)
+            if s.done is not None:
+                done.append(s.done)
+        if self.actor_state is not None and self.actor_state.pending:
             try:
-                self.metrics.count_dead_letter(str(msg.topic), reason)
-            except Exception:
-                pass
+                for fut in self.actor_state.flush():
+                    await fut
+            except Exception:  # unacknowledged, the records are redelivered
+                log.exception("could not write the per-actor state")
+                return len(sends)
+        for event in done:
+            event.ack()
+        return len(sends)
 
 
 def _make_metrics() -> Any:

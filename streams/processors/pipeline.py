@@ -19,7 +19,7 @@ All counters live in ``Prepare.stats`` (``ProcessorStats``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -226,9 +226,12 @@ class Prepare:
 
     @classmethod
     def from_config(cls, cfg: PrepareConfig, logp_factory: LogpFactory | None = None, *,
-                    clock: Callable[[], int] = now_ms, metrics: MetricsSink | None = None) -> "Prepare":
+                    clock: Callable[[], int] = now_ms, metrics: MetricsSink | None = None,
+                    actor_state: MutableMapping[str, dict] | None = None) -> "Prepare":
+        """``actor_state``: where the reorder buffer keeps each actor's durable state (the shell's
+        mapping; default a dict)."""
         reorder = ReorderBuffer(cfg.reorder_window, cfg.reorder_timeout_ms, cfg.dedup_capacity,
-                                cfg.dedup_ttl_ms, cfg.max_actors, clock=clock)
+                                cfg.dedup_ttl_ms, cfg.max_actors, clock=clock, state=actor_state)
         staleness = StalenessWindow(cfg.max_versions, cfg.max_ms, cfg.staleness_mode, cfg.decay,
                                     cfg.min_weight, cfg.age_from, clock=clock)
         importance = ImportanceWeights(cfg.rho_bar, cfg.c_bar, cfg.behaviour_cap) if cfg.importance else None

@@ -39,12 +39,21 @@ rejected as late.
 
 Idle actors (empty buffer, no batch for ``actor_idle_ms``) are forgotten; past ``max_actors``
 the least recently active actor is forgotten (its buffer released first).
+
+**Durable per-actor state.** What must outlive this process for an actor -- its next seq, the
+newest ``created_at_ms`` seen, the restart floor and the ids of its last ``state_ids`` batches
+that left the buffer -- is written, as a JSON-serialisable dict (``{"p": partition, "next",
+"max_created", "floor", "ids"}``), to the ``state`` mapping after every change, and read back
+the first time an actor shows up. A dict by default; the Faust shell passes a Faust Table, so
+the state moves with the actor's partition. Buffered batches are not part of it: their records
+are uncommitted and are redelivered. ``forget_where`` (a partition left) keeps the state;
+forgetting an idle or evicted actor deletes it.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,11 +134,14 @@ class SeenIds:
             d.popitem(last=False)
         return False
 
+    def discard(self, key: Hashable) -> None:
+        self._d.pop(key, None)
+
 
 class _Actor:
-    __slots__ = ("next_seq", "buf", "waiting_since", "max_created_ms", "floor_ms", "last_ms", "last_tag")
+    __slots__ = ("next_seq", "buf", "waiting_since", "max_created_ms", "floor_ms", "last_ms", "last_tag", "ids")
 
-    def __init__(self, now: int) -> None:
+    def __init__(self, now: int, ids: int = 128) -> None:
         self.next_seq: int | None = None  # None: first contact, base not known yet
         self.buf: dict[int, tuple[SampleBatch, Any, int]] = {}  # seq -> (batch, tag, arrived_ms)
         self.waiting_since: int | None = None  # arrival of the oldest buffered batch
@@ -137,6 +149,14 @@ class _Actor:
         self.floor_ms = -(1 << 62)  # batches created at or before this belong to a previous incarnation
         self.last_ms = now
         self.last_tag: Any = None
+        self.ids: deque[str] = deque(maxlen=ids)  # batch ids that left the buffer, newest last
+
+    def saved(self) -> dict[str, Any]:
+        """The durable part (see the module docstring)."""
+        tag = self.last_tag
+        p = tag[0] if isinstance(tag, tuple) and tag else -1
+        return {"p": int(p), "next": self.next_seq, "max_created": int(self.max_created_ms),
+                "floor": int(self.floor_ms), "ids": list(self.ids)}
 
 
 class ReorderBuffer:
@@ -150,6 +170,8 @@ class ReorderBuffer:
         max_actors: most actors tracked at once.
         actor_idle_ms: forget an actor with nothing buffered after this long without a batch.
         clock: ms clock.
+        state: where each actor's durable state is kept (default: a dict).
+        state_ids: how many batch ids of each actor the durable state keeps.
     """
 
     def __init__(
@@ -161,6 +183,8 @@ class ReorderBuffer:
         max_actors: int = 10000,
         actor_idle_ms: int = 600_000,
         clock: Callable[[], int] = now_ms,
+        state: MutableMapping[str, dict] | None = None,
+        state_ids: int = 128,
     ) -> None:
         if max_buffered < 1:
             raise ValueError("max_buffered must be >= 1")
@@ -176,6 +200,8 @@ class ReorderBuffer:
         self.seen = SeenIds(dedup_capacity, dedup_ttl_ms)
         self._actors: OrderedDict[str, _Actor] = OrderedDict()  # least recently active first
         self._waiting: set[str] = set()  # actors with a non-empty buffer
+        self.state: MutableMapping[str, dict] = {} if state is None else state
+        self.state_ids = int(state_ids)
         self.stats = ReorderStats()
 
     # -- introspection ----------------------------------------------------------------------
@@ -201,9 +227,30 @@ class ReorderBuffer:
         return min(ts) + self.timeout_ms if ts else None
 
     # -- internals --------------------------------------------------------------------------
-    def _reject(self, res: ReorderResult, reason: str, batch: SampleBatch, tag: Any, detail: str) -> None:
+    def _reject(self, res: ReorderResult, reason: str, batch: SampleBatch, tag: Any, detail: str,
+                st: _Actor | None = None) -> None:
         res.rejected.append(Rejected(reason, batch, tag, detail))
         self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
+        if st is not None:
+            st.ids.append(batch.batch_id)
+
+    def _restore(self, actor_id: str, now: int) -> None:
+        """Load an actor this process does not track from the durable state, if it is there."""
+        saved = self.state.get(actor_id) if actor_id not in self._actors else None
+        if not saved:
+            return
+        st = self._actors[actor_id] = _Actor(now, self.state_ids)
+        st.next_seq = saved.get("next")
+        st.max_created_ms = int(saved.get("max_created", st.max_created_ms))
+        st.floor_ms = int(saved.get("floor", st.floor_ms))
+        st.ids.extend(saved.get("ids", ()))
+        for bid in st.ids:
+            self.seen.seen_or_add(bid, now)
+
+    def _save(self, actor_id: str) -> None:
+        st = self._actors.get(actor_id)
+        if st is not None:
+            self.state[actor_id] = st.saved()
 
     def _release_run(self, actor_id: str, st: _Actor, res: ReorderResult) -> None:
         """Release buffered batches from ``next_seq`` on while they are contiguous."""
@@ -212,6 +259,7 @@ class ReorderBuffer:
         while st.next_seq in buf:
             b, t, _ = buf.pop(st.next_seq)
             res.released.append((b, t))
+            st.ids.append(b.batch_id)
             st.next_seq += 1
             n += 1
         if n:
@@ -244,6 +292,7 @@ class ReorderBuffer:
         st = self._actors.pop(actor_id)
         self._flush_actor(actor_id, st, res)
         self._waiting.discard(actor_id)
+        self.state.pop(actor_id, None)
         self.stats.actors_evicted += 1
 
     def _evict(self, now: int, res: ReorderResult) -> None:
@@ -261,14 +310,22 @@ class ReorderBuffer:
         now = self.clock() if now is None else now
         res = ReorderResult()
         self.stats.pushed += 1
+        self._restore(batch.actor_id, now)
         if self.seen.seen_or_add(batch.batch_id, now):
             self._reject(res, REASON_DUPLICATE, batch, tag, f"batch_id {batch.batch_id} already seen")
             return res
+        self._push(batch, tag, now, res)
+        self._save(batch.actor_id)
+        if len(self._actors) > self.max_actors:
+            self._evict(now, res)
+        return res
+
+    def _push(self, batch: SampleBatch, tag: Any, now: int, res: ReorderResult) -> None:
         aid = batch.actor_id
         seq = int(batch.seq)
         st = self._actors.get(aid)
         if st is None:
-            st = self._actors[aid] = _Actor(now)
+            st = self._actors[aid] = _Actor(now, self.state_ids)
         else:
             self._actors.move_to_end(aid)
         st.last_ms = now
@@ -276,8 +333,8 @@ class ReorderBuffer:
 
         if batch.created_at_ms <= st.floor_ms:
             self._reject(res, REASON_LATE, batch, tag,
-                         f"seq {seq} of {aid} is from an incarnation before its restart")
-            return res
+                         f"seq {seq} of {aid} is from an incarnation before its restart", st)
+            return
         if st.next_seq is not None and seq < st.next_seq:
             if batch.created_at_ms > st.max_created_ms:
                 # a new incarnation of the actor: flush the old one, start afresh
@@ -287,12 +344,12 @@ class ReorderBuffer:
                 self.stats.restarts += 1
             else:
                 self._reject(res, REASON_LATE, batch, tag,
-                             f"seq {seq} of {aid} arrived after the buffer moved past it (next {st.next_seq})")
-                return res
+                             f"seq {seq} of {aid} arrived after the buffer moved past it (next {st.next_seq})", st)
+                return
         if seq in st.buf:
             self._reject(res, REASON_SEQ_CONFLICT, batch, tag,
-                         f"seq {seq} of {aid} is already buffered under batch_id {st.buf[seq][0].batch_id}")
-            return res
+                         f"seq {seq} of {aid} is already buffered under batch_id {st.buf[seq][0].batch_id}", st)
+            return
         if batch.created_at_ms > st.max_created_ms:
             st.max_created_ms = batch.created_at_ms
         if st.next_seq is None and seq == 0:
@@ -300,6 +357,7 @@ class ReorderBuffer:
 
         if seq == st.next_seq:
             res.released.append((batch, tag))
+            st.ids.append(batch.batch_id)
             self.stats.released += 1
             st.next_seq = seq + 1
             if st.buf:
@@ -317,9 +375,6 @@ class ReorderBuffer:
             total = self.stats.buffered
             if total > self.stats.max_buffered_seen:
                 self.stats.max_buffered_seen = total
-        if len(self._actors) > self.max_actors:
-            self._evict(now, res)
-        return res
 
     def expire(self, now: int | None = None) -> ReorderResult:
         """Release what waited ``timeout_ms`` for a gap; forget idle actors."""
@@ -331,6 +386,7 @@ class ReorderBuffer:
                 if st.next_seq is not None:
                     self.stats.timeouts += 1
                 self._skip_ahead(aid, st, res)
+            self._save(aid)
         self._evict(now, res)
         return res
 
@@ -339,17 +395,21 @@ class ReorderBuffer:
         res = ReorderResult()
         for aid in list(self._waiting):
             self._flush_actor(aid, self._actors[aid], res)
+            self._save(aid)
         return res
 
     def forget_where(self, pred: Callable[[Any], bool]) -> list[tuple[SampleBatch, Any]]:
         """Drop, without releasing, every actor whose last or buffered tag matches ``pred``
-        (partitions revoked by a rebalance: their records are redelivered elsewhere).
-        Returns the buffered (batch, tag) pairs dropped."""
+        (partitions revoked by a rebalance: their records are redelivered elsewhere, and the
+        durable state goes with them). Returns the buffered (batch, tag) pairs dropped; their
+        ids are forgotten, so a redelivery here is not taken for a duplicate."""
         dropped: list[tuple[SampleBatch, Any]] = []
         for aid in list(self._actors):
             st = self._actors[aid]
             if pred(st.last_tag) or any(pred(t) for (_, t, _) in st.buf.values()):
                 dropped.extend((b, t) for (b, t, _) in st.buf.values())
+                for b, _, _ in st.buf.values():
+                    self.seen.discard(b.batch_id)
                 self.stats.buffered -= len(st.buf)
                 del self._actors[aid]
                 self._waiting.discard(aid)

@@ -11,7 +11,8 @@ A fresh broker per test costs ~5 s and isolates the tests completely: the roles 
 topic and group names (``streams.topics``), so nothing is shared between tests.
 
 ``Rig`` runs the roles the way production does, each as a process of the real entry point
-(``rlstream learner``, ``rlstream actor``, ``faust -A streams worker``), so a fault is a real
+(``rlstream learner``, ``rlstream actor``, and either processor shell: ``faust -A streams
+worker`` or the in-process one, ``python -m streams.worker``), so a fault is a real
 signal to a real process (SIGKILL; SIGSTOP to hold one still at a chosen moment) or a stopped
 broker; nothing inside a role is patched. ``Ledger`` reads the topics afterwards and does the
 accounting.
@@ -100,14 +101,24 @@ def private_kafka(tmp_path_factory):
 
 # --- roles -------------------------------------------------------------------------------------
 
-class FaustStreams:
-    """The production stream processors: ``faust -A streams worker`` processes, one at a time.
+#: The processor shells the rig can run, by name: the command after ``python``.
+SHELL_CMDS = {"faust": ["-m", "faust", "-A", "streams", "--datadir", "{datadir}", "worker", "-l", "info",
+                        "--web-port", "{port}"],
+              "worker": ["-m", "streams.worker"]}
+
+
+class StreamsProcesses:
+    """The stream processors as processes of one shell (``SHELL_CMDS``), one at a time.
     ``crash`` SIGKILLs the running worker, which may have published prepared batches whose raw
     offsets it had not committed yet, and starts a replacement (a supervisor's restart): the
-    replacement prepares those records again and the learner sees the copies."""
+    replacement prepares those records again, unless the per-actor state it inherits (the Faust
+    shell's table) marks them as duplicates. ``stats`` (``/healthz``) needs the Faust shell."""
 
-    def __init__(self, rig: Rig) -> None:
+    def __init__(self, rig: Rig, shell: str = "faust") -> None:
+        if shell not in SHELL_CMDS:
+            raise ValueError(f"shell {shell!r}: one of {sorted(SHELL_CMDS)}")
         self.rig = rig
+        self.shell = shell
         self.workers: list[Role] = []
         self.crashes = 0
         self.port = 0
@@ -122,8 +133,8 @@ class FaustStreams:
                "RLSTREAM_STALENESS_K": "1000000", "RLSTREAM_STALENESS_MS": "none",
                # Faust's own setting: a SIGKILLed worker leaves the group in seconds, not 60 s
                "BROKER_SESSION_TIMEOUT": "6"}
-        cmd = [sys.executable, "-m", "faust", "-A", "streams", "--datadir", str(self.rig.run_dir / f"faust-{n}"),
-               "worker", "-l", "info", "--web-port", str(self.port)]
+        fill = {"datadir": str(self.rig.run_dir / f"faust-{n}"), "port": str(self.port)}
+        cmd = [sys.executable, *(a.format(**fill) for a in SHELL_CMDS[self.shell])]
         self.workers.append(Role(f"streams-{n}", cmd, self.rig.run_dir / f"streams.{n}.log", self.rig.env | env))
         self.rig.roles.append(self.workers[-1])
 
@@ -191,7 +202,7 @@ class Rig:
                     "PYTHONUNBUFFERED": "1"}
         self.env.pop("RLSTREAM_METRICS_PORT", None)
         self.roles: list[Role] = []
-        self.streams: FaustStreams | None = None
+        self.streams: StreamsProcesses | None = None
         self._n = Counter()
 
     def _cmd(self, role: str, *extra: str) -> list[str]:
@@ -214,10 +225,14 @@ class Rig:
     def actor(self, index: int = 0) -> Role:
         return self._spawn(f"actor-{index}", self._cmd("actor", "--index", str(index)))
 
-    def start_faust(self) -> FaustStreams:
-        """The Faust worker production runs, as a process (``FaustStreams``)."""
-        self.streams = FaustStreams(self)
+    def start_streams(self, shell: str = "faust") -> StreamsProcesses:
+        """The stream processors of ``shell`` (``SHELL_CMDS``), as a process."""
+        self.streams = StreamsProcesses(self, shell)
         return self.streams
+
+    def start_faust(self) -> StreamsProcesses:
+        """The Faust worker production runs, as a process."""
+        return self.start_streams("faust")
 
     def close(self) -> None:
         for r in self.roles:

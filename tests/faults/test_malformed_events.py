@@ -335,7 +335,7 @@ def _fresh_prepare(sa):
         return lambda obs, act: np.full(obs.shape[:2], -1.5, np.float32)
 
     sa.prepare = Prepare.from_config(PrepareConfig(max_versions=1000, max_ms=None), factory)
-    sa._held.clear()
+    sa.core.held.clear()
     sent: list[tuple[str, bytes | None, bytes]] = []
 
     async def send(topic, key, value, headers):
@@ -367,7 +367,7 @@ def test_faust_sample_agent_dead_letters_exactly_the_bad_records(streams_app, st
     dead = [CODEC.decode(v, DeadLetter) for t, _, v in sent if t == DEADLETTER]
     assert len(dead) == len(bad) and all(d.reason and d.topic == SAMPLES_RAW for d in dead)
     assert sum(t == SAMPLES_PREPARED for t, _, _ in sent) == seq
-    assert sa._held == {}
+    assert sa.core.held == {}
 
 
 @FUZZ
