@@ -56,7 +56,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def _add_training(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--algo", default="ppo", choices=["ppo", "grpo", "dapo", "agro", "tba"])
+    from agents.defaults import TRAINABLE
+
+    p.add_argument("--algo", default="ppo", choices=TRAINABLE)
     p.add_argument("--env", dest="env_id", default="HalfCheetah-v5",
                    help="gymnasium id; module:EnvId-v0 imports the module (your package) first")
     p.add_argument("--wrappers", default="", metavar="A,B",
@@ -64,7 +66,7 @@ def _add_training(p: argparse.ArgumentParser) -> None:
     p.add_argument("--total-steps", type=int, default=100_000)
     p.add_argument("--num-actors", type=int, default=1)
     p.add_argument("--num-envs", type=int, default=None,
-                   help="envs per actor (default: per algorithm, rlstream.config.ALGO_DEFAULTS)")
+                   help="envs per actor (default: per algorithm, agents.defaults.ALGO_DEFAULTS)")
     p.add_argument("--fragment-steps", type=int, default=None,
                    help="steps per env per batch (default: train batch / envs; group mode: the episode horizon)")
     p.add_argument("--train-batch-size", type=int, default=None, help="transitions per update (default: per algorithm)")

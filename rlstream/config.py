@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from agents.defaults import algo_defaults
 from streams.processors.pipeline import PrepareConfig
 from streams.topics import Namespace, Retention, parse_retention
 from rlstream.obs.ports import (ENV_BUS, ENV_KAFKA_BROKERS, ENV_NAMESPACE, ENV_REDIS_URL, ENV_RUN_ID,
@@ -58,37 +59,6 @@ class BusConfig:
         return Namespace(self.namespace)
 
 
-@dataclass(frozen=True)
-class AlgoDefaults:
-    """How ``rlstream train --algo X`` collects and batches data when the flags are not given."""
-
-    num_envs: int
-    """Vector env width per actor."""
-    group_size: int
-    """Envs per start-state group (0: no groups). Group mode makes each column one rollout."""
-    train_batch_size: int
-    """Transitions per learner update."""
-    fragment_steps: int | None = None
-    """Steps per env per SampleBatch; None: ``train_batch_size // (num_envs * num_actors)``, or in
-    group mode the env's episode horizon (``max_episode_steps``), so every rollout ends inside its
-    fragment (the actor ends the fragment early once all have)."""
-
-
-_PPO_LIKE = AlgoDefaults(num_envs=1, group_size=0, train_batch_size=2048)
-_GROUPED = AlgoDefaults(num_envs=8, group_size=8, train_batch_size=512)
-
-#: The one table of per-algorithm run defaults (README "Algorithms" explains the choices).
-#: PPO, AGRO and TBA bootstrap a learned value, so fragments may cut episodes anywhere: CleanRL's
-#: 1 env x 2048 steps. GRPO and DAPO compare whole rollouts from one start state: one group of 8
-#: rollouts per fragment, fragments as long as an episode (ended early once all 8 are done), and
-#: a small batch, counted in padded steps: 512 is a few groups while rollouts are short and one
-#: group per update once they pass 64 steps (InvertedPendulum, 30k steps, 3 seeds: GRPO reached
-#: a return of ~290 with 512 vs ~170 with 1024; 8 rollouts per group beat 2 groups of 4).
-ALGO_DEFAULTS: dict[str, AlgoDefaults] = {
-    "ppo": _PPO_LIKE, "agro": _PPO_LIKE, "tba": _PPO_LIKE, "grpo": _GROUPED, "dapo": _GROUPED,
-}
-
-
 def episode_horizon(env_id: str, default: int = 1000) -> int:
     """The env's registered ``max_episode_steps`` (``default`` when it has none)."""
     import gymnasium as gym
@@ -117,7 +87,7 @@ class TrainConfig:
     num_actors: int = 1
     """Actors (co-located: in-process; decoupled: processes)."""
     num_envs: int | None = None
-    """Vector env width per actor; None: the algorithm's default (``ALGO_DEFAULTS``)."""
+    """Vector env width per actor; None: the algorithm's default (``agents.defaults.ALGO_DEFAULTS``)."""
     fragment_steps: int | None = None
     """Steps per env per SampleBatch; None: train_batch_size // (num_envs * num_actors), or the
     env's episode horizon in group mode (``effective_fragment_steps``)."""
@@ -192,7 +162,7 @@ class TrainConfig:
     bus: BusConfig = field(default_factory=BusConfig)
 
     def __post_init__(self) -> None:
-        d = ALGO_DEFAULTS.get(self.algo, _PPO_LIKE)
+        d = algo_defaults(self.algo)
         for name in ("num_envs", "train_batch_size", "group_size"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, getattr(d, name))
