@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -12,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rlstream.obs.ports import DEFAULT_PORTS, KNOWN_COMMANDS, metrics_port
+from rlstream.obs.ports import DEFAULT_PORTS, ENV_CONFIG, KNOWN_COMMANDS, metrics_port
 
 
 def _kv(items: list[str] | None) -> dict[str, Any]:
@@ -152,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("learner", help="decoupled learner process")
     _add_common(p)
     _add_training(p)
+    for role in ("actor", "learner"):
+        sub.choices[role].add_argument(
+            "--config", type=Path, default=None, metavar="PATH",
+            help="take every setting from this run config file (<run-dir>/config.json; env RLSTREAM_CONFIG) "
+                 "instead of the flags")
 
     p = sub.add_parser("serve", help="policy server following PolicyVersion events")
     _add_common(p)
@@ -340,10 +346,12 @@ def cmd_train(a: argparse.Namespace) -> int:
 
 def cmd_role(a: argparse.Namespace) -> int:
     from rlstream import decoupled
+    from rlstream.config import read_config
     from rlstream.obs.logging import configure_logging, get_logger
     from rlstream.obs.metrics import Metrics
 
-    cfg = train_config(a, default_bus="kafka")
+    config = a.config or os.environ.get(ENV_CONFIG)
+    cfg = read_config(config) if config else train_config(a, default_bus="kafka")
     role = a.command
     configure_logging(role=role, run_id=cfg.effective_run_id(), level=a.log_level, json=a.log_json)
     log = get_logger(f"rlstream.{role}")

@@ -5,13 +5,17 @@ Nothing below the entry point reads the environment or argv: roles get these dat
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from agents.defaults import algo_defaults
 from streams.processors.pipeline import PrepareConfig
+from streams.runconfig import read_run_config, write_run_config
 from streams.topics import Namespace, Retention, parse_retention
 from rlstream.obs.ports import (ENV_BUS, ENV_KAFKA_BROKERS, ENV_NAMESPACE, ENV_REDIS_URL, ENV_RUN_ID,
                                 ENV_SNAPSHOT_STORE)
@@ -205,3 +209,47 @@ class TrainConfig:
 
     def redis(self) -> str | None:
         return self.redis_url or os.environ.get(ENV_REDIS_URL)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as JSON values (``from_dict`` inverts it)."""
+        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
+        """The config ``to_dict`` wrote; an unknown or missing field is an error, not a default."""
+        d = dict(d)
+        _check_fields(cls, d)
+        bus = dict(d.pop("bus"))
+        _check_fields(BusConfig, bus)
+        bus["retention"] = {k: Retention(**v) for k, v in bus["retention"].items()}
+        streams = d.pop("streams")
+        if streams is not None:
+            _check_fields(PrepareConfig, streams)
+        return cls(**{**d, "run_dir": Path(d["run_dir"]), "wrappers": tuple(d["wrappers"]), "bus": BusConfig(**bus),
+                      "streams": None if streams is None else PrepareConfig(**streams)})
+
+    def resolved(self) -> "TrainConfig":
+        """This config with what the environment or chance would decide filled in (run id, snapshot
+        store, redis, the stream-processor settings), so every process that reads it agrees."""
+        return replace(self, run_id=self.effective_run_id(), snapshot_store=self.snapshot_url(),
+                       redis_url=self.redis(), streams=self.prepare_config())
+
+
+def _check_fields(cls: type, d: dict[str, Any]) -> None:
+    names = {f.name for f in dataclasses.fields(cls)}
+    if set(d) != names:
+        raise ValueError(f"{cls.__name__}: unknown fields {sorted(set(d) - names)}, "
+                         f"missing fields {sorted(names - set(d))}")
+
+
+def write_config(cfg: TrainConfig, path: Path) -> Path:
+    """Write ``cfg`` as a run config file (``streams.runconfig``) at ``path``."""
+    return write_run_config(cfg.to_dict(), path)
+
+
+def read_config(path: str | Path) -> TrainConfig:
+    """The ``TrainConfig`` of a run config file; a clear ``SystemExit`` if it cannot be used."""
+    try:
+        return TrainConfig.from_dict(read_run_config(path))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise SystemExit(f"config file {path}: {e}") from None

@@ -33,7 +33,9 @@ Settings come from the environment once, here (``StreamsSettings.from_env``): ``
 (``streams.bus.kafka.kafka_client_config``), mapped to Faust credentials and aiokafka
 arguments, and the pipeline settings (``prepare_config_from_env``: ``RLSTREAM_ALGO``,
 ``RLSTREAM_STALENESS_*``, ``RLSTREAM_POLICY_ID``) and the run namespace (``RLSTREAM_NAMESPACE``:
-its topics, and its ``STREAMS_GROUP`` as the app id; unset: the legacy unscoped names).
+its topics, and its ``STREAMS_GROUP`` as the app id; unset: the legacy unscoped names). With
+``RLSTREAM_CONFIG`` (set by ``rlstream train --mode decoupled``) they all come from that run
+config file instead (``StreamsSettings.from_run_config``).
 
 Several workers share ``rl.samples.raw`` by partition (the consumer group) and each follows
 every PolicyVersion. Limit: per-actor reorder state lives in the worker that owns the actor's
@@ -43,6 +45,7 @@ partition; a rebalance moves it (held batches are redelivered, uncommitted, to t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -50,6 +53,7 @@ import ssl
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import faust
@@ -60,6 +64,7 @@ from schemas.events import DeadLetter, PolicyVersion, PreparedBatch, SampleBatch
 from streams.events import MAX_DEADLETTER_PAYLOAD
 from streams.processors.importance import PolicyLogpFn
 from streams.processors.pipeline import REASON_PROCESSOR_ERROR, Output, Prepare, PrepareConfig
+from streams.runconfig import read_run_config, write_run_config
 from streams.topics import (
     DEADLETTER,
     LEGACY,
@@ -78,6 +83,9 @@ STAGE = "streams.faust"
 APP_ID = STREAMS_GROUP
 ENV_KAFKA_BROKERS = "KAFKA_BROKERS"
 ENV_NAMESPACE = "RLSTREAM_NAMESPACE"
+ENV_CONFIG = "RLSTREAM_CONFIG"
+#: The file in the run directory where a worker started from a run config records its settings.
+EFFECTIVE_CONFIG_FILE = "streams.config.json"
 DEFAULT_BROKERS = "127.0.0.1:9092"
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
@@ -121,17 +129,37 @@ class StreamsSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "StreamsSettings":
+        """From the run config file named by ``RLSTREAM_CONFIG`` if set (``from_run_config``), else
+        from ``KAFKA_BROKERS``, ``RLSTREAM_NAMESPACE`` and ``prepare_config_from_env``."""
         env = os.environ if env is None else env
-        brokers = env.get(ENV_KAFKA_BROKERS, "").strip() or DEFAULT_BROKERS
         try:
             from rlstream.obs.ports import metrics_port
 
             port = metrics_port("streams", env)
         except ImportError:
             port = 9102
+        if env.get(ENV_CONFIG, "").strip():
+            return cls.from_run_config(env[ENV_CONFIG].strip(), web_port=port)
+        brokers = env.get(ENV_KAFKA_BROKERS, "").strip() or DEFAULT_BROKERS
         ns = Namespace(env.get(ENV_NAMESPACE, "").strip())
         return cls(brokers=brokers, app_id=ns.group(APP_ID), namespace=ns, web_port=port,
                    client_config=_bus_client_config(), prepare=prepare_config_from_env(env))
+
+    @classmethod
+    def from_run_config(cls, path: str, web_port: int = 9102) -> "StreamsSettings":
+        """The settings of a run config file (``streams.runconfig``): its bus, stream-processor
+        settings and torch threads. Records them in ``<run_dir>/streams.config.json``."""
+        cfg = read_run_config(path)
+        bus = cfg["bus"]
+        ns = Namespace(bus["namespace"])
+        prepare = (PrepareConfig(**cfg["streams"]) if cfg["streams"] is not None
+                   else PrepareConfig.for_algo(cfg["algo"], policy_id=cfg["policy_id"]))
+        settings = cls(brokers=bus["bootstrap"], app_id=ns.group(APP_ID), namespace=ns, web_port=web_port,
+                       topic_partitions=bus["partitions"], client_config=_bus_client_config(), prepare=prepare,
+                       torch_threads=cfg["torch_threads"] or 1)
+        effective = {k: v for k, v in dataclasses.asdict(settings).items() if k != "client_config"}  # secrets
+        write_run_config(json.loads(json.dumps(effective, default=str)), Path(cfg["run_dir"]) / EFFECTIVE_CONFIG_FILE)
+        return settings
 
 
 def prepare_config_from_env(env: Mapping[str, str]) -> PrepareConfig:

@@ -61,6 +61,9 @@ ENV_POLICY_ID = "RLSTREAM_POLICY_ID"
 #: ``--namespace``, the Faust worker included, so separately started processes agree; unset:
 #: the legacy unscoped topic and group names.
 ENV_NAMESPACE = "RLSTREAM_NAMESPACE"
+#: A run's config file (``<run-dir>/config.json``, ``rlstream.config.write_config``): ``rlstream
+#: actor``/``learner`` and the Faust worker take every setting from it instead of flags/env.
+ENV_CONFIG = "RLSTREAM_CONFIG"
 
 #: Every environment variable an rlstream process reads. Manifests may set no
 #: other variable on an rlstream container.
@@ -78,6 +81,7 @@ ENV_VARS: tuple[str, ...] = (
     ENV_ALGO,
     ENV_POLICY_ID,
     ENV_NAMESPACE,
+    ENV_CONFIG,
 )
 
 #: Sub-commands of the ``rlstream`` CLI (rlstream/cli.py is wired to this list).
