@@ -11,7 +11,9 @@ import os
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypeVar
+
+import tyro
 
 from agents.defaults import algo_defaults
 from streams.processors.pipeline import PrepareConfig
@@ -21,6 +23,11 @@ from rlstream.obs.ports import (ENV_BUS, ENV_KAFKA_BROKERS, ENV_NAMESPACE, ENV_R
                                 ENV_SNAPSHOT_STORE)
 
 ENV_RETENTION = "RLSTREAM_RETENTION"
+
+_T = TypeVar("_T")
+#: A ``TrainConfig`` field the entry point sets from its shared flags (``rlstream.cli``), with
+#: meanings beyond the field (environment fallbacks, run-directory layout), not a generated flag.
+EntryPoint = Annotated[_T, tyro.conf.Suppress]
 
 
 @dataclass(frozen=True)
@@ -78,13 +85,13 @@ def episode_horizon(env_id: str, default: int = 1000) -> int:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    mode: str = "colocated"
+    mode: EntryPoint[str] = "colocated"
     """colocated (one process, memory bus) or decoupled (processes over Kafka)."""
     algo: str = "ppo"
     """ppo, grpo, dapo, agro, tba."""
-    env_id: str = "HalfCheetah-v5"
+    env_id: Annotated[str, tyro.conf.arg(aliases=("--env",))] = "HalfCheetah-v5"
     """Gymnasium env id (``module:EnvId-v0`` imports the module first)."""
-    wrappers: tuple[str, ...] = ()
+    wrappers: EntryPoint[tuple[str, ...]] = ()
     """Per-env gymnasium wrappers by name (``actor.envs.WRAPPERS``)."""
     total_steps: int = 100_000
     """Environment steps to train for (summed over envs and actors)."""
@@ -101,11 +108,11 @@ class TrainConfig:
     """Seed of envs, action noise and the learner."""
     group_size: int | None = None
     """Envs per start-state group (GRPO/DAPO; 0: no groups); None: the algorithm's default."""
-    algo_overrides: dict = field(default_factory=dict)
+    algo_overrides: EntryPoint[dict] = field(default_factory=dict)
     """Algorithm config fields to override (from --set key=value)."""
-    run_dir: Path = Path("runs/latest")
+    run_dir: EntryPoint[Path] = Path("runs/latest")
     """Where snapshots, the summary and the plot go."""
-    run_id: str = ""
+    run_id: EntryPoint[str] = ""
     """Bound into logs and events; default: random."""
     snapshot_store: str | None = None
     """Snapshot store URL/path; None: <run_dir>/snapshots."""
@@ -115,11 +122,11 @@ class TrainConfig:
     """Resume from the newest snapshot (and committed offsets)."""
     plot: bool = True
     """Write <run_dir>/returns.png (return vs steps)."""
-    tensorboard: str | None = None
+    tensorboard: EntryPoint[str | None] = None
     """TensorBoard log directory (each role writes its own run under it); None: off."""
-    metrics_port: int | None = None
+    metrics_port: EntryPoint[int | None] = None
     """Prometheus/health port; None: the role default; -1: no server."""
-    log_every_s: float = 5.0
+    log_every_s: Annotated[float, tyro.conf.arg(aliases=("--log-every",))] = 5.0
     """Seconds between progress lines."""
     device: str = "cpu"
     """torch device of the learner (cpu, cuda)."""
@@ -130,7 +137,7 @@ class TrainConfig:
     (records) passes this; the learner would otherwise keep versioning ahead of stale data."""
     breaker_close_below: float = 32.0
     """Circuit breaker: resume once the backlog is back under this."""
-    streams: PrepareConfig | None = None
+    streams: EntryPoint[PrepareConfig | None] = None
     """Stream-processor settings (staleness window, reorder, IS); None: the algorithm's defaults
     (``PrepareConfig.for_algo``). Its ``policy_id`` is always this config's ``policy_id``."""
     policy_id: str = "policy"
@@ -140,7 +147,7 @@ class TrainConfig:
     """Decoupled, on-policy algorithms: fragments an actor publishes under one policy version
     before it waits for a newer one; None: its share of one learner batch,
     ceil(train_batch_size / (num_actors * num_envs * fragment_steps))."""
-    policy_wait_s: float = 20.0
+    policy_wait_s: Annotated[float, tyro.conf.arg(aliases=("--policy-wait",))] = 20.0
     """Decoupled, on-policy: the most an actor waits for a newer version before it sends one
     more fragment under the old one (a batch lost on the way must not stall training)."""
     max_backlog: int = 64
@@ -148,9 +155,9 @@ class TrainConfig:
     rl.samples.raw (records not yet committed by their group) is above this, and resume at half.
     All algorithms: the end-to-end backlog (that plus the learner's on rl.samples.prepared) above
     which an actor ``max_steps_ahead`` ahead of the learner waits for it."""
-    dynamic_fragments: bool = True
-    """Decoupled, off-policy, no ``fragment_steps`` given: the fragment length follows that
-    backlog (``learner.batch_size.BatchSizeController``, 32..256 steps per env)."""
+    fixed_fragments: bool = False
+    """Decoupled, off-policy, no ``fragment_steps`` given: keep the fragment length fixed instead of
+    following that backlog (``learner.batch_size.BatchSizeController``, 32..256 steps per env)."""
     actor_steps: int | None = None
     """Decoupled: env steps each actor collects before it stops; None: its share of the budget,
     ceil(total_steps / num_actors)."""
@@ -163,7 +170,7 @@ class TrainConfig:
     """Intra-op threads of torch in this process; None: 1 in the decoupled role processes (they
     share the machine: small-MLP updates on contended cores run several times slower with more),
     torch's default in co-located mode."""
-    bus: BusConfig = field(default_factory=BusConfig)
+    bus: EntryPoint[BusConfig] = field(default_factory=BusConfig)
 
     def __post_init__(self) -> None:
         d = algo_defaults(self.algo)

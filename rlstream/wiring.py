@@ -116,7 +116,7 @@ def _inner_flow(cfg: TrainConfig, bus: Bus, metrics: Metrics | None, log=None):
         return float(bus.group_lag(STREAMS_GROUP, SAMPLES_RAW))
 
     sizes = None
-    if cfg.dynamic_fragments and not cfg.fragment_steps:
+    if not cfg.fixed_fragments and not cfg.fragment_steps:
         from learner.batch_size import BatchSizeController
 
         sizes = BatchSizeController()

@@ -29,7 +29,7 @@ def test_group_algorithms_get_groups_and_episode_long_fragments(algo):
 
 def test_cli_leaves_unset_flags_to_the_algorithm(tmp_path):
     for algo in TRAINABLE:  # every online algorithm of the table is a --algo choice
-        assert build_parser().parse_args(["train", "--algo", algo]).algo == algo
+        assert build_parser().parse_args(["train", "--algo", algo]).train.algo == algo
     a = build_parser().parse_args(["train", "--algo", "dapo", "--env", "Pendulum-v1", "--run-dir", str(tmp_path)])
     cfg = train_config(a)
     assert (cfg.num_envs, cfg.group_size, cfg.train_batch_size) == (8, 8, 512)

@@ -43,7 +43,7 @@ def every_field_set(tmp_path: Path, bootstrap: str) -> TrainConfig:
                  tensorboard=str(tmp_path / "tb"), metrics_port=9555, log_every_s=1.5, device="cpu:0",
                  redis_url=os.environ.get("REDIS_URL", "redis://127.0.0.1:1/0"), breaker_open_above=100.0,
                  breaker_close_below=10.0, streams=PrepareConfig(**PREPARE), policy_id=POLICY,
-                 max_batches_per_version=3, policy_wait_s=7.0, max_backlog=9, dynamic_fragments=False,
+                 max_batches_per_version=3, policy_wait_s=7.0, max_backlog=9, fixed_fragments=True,
                  actor_steps=1000, max_steps_ahead=5000, torch_threads=2, bus=BusConfig(**bus))
     for cls, values in ((TrainConfig, train), (BusConfig, bus), (PrepareConfig, PREPARE)):
         missing = {f.name for f in dataclasses.fields(cls)} - set(values)
