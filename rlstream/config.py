@@ -11,7 +11,7 @@ import os
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, get_type_hints
 
 import tyro
 
@@ -260,3 +260,9 @@ def read_config(path: str | Path) -> TrainConfig:
         return TrainConfig.from_dict(read_run_config(path))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise SystemExit(f"config file {path}: {e}") from None
+
+
+#: The ``TrainConfig`` fields set from the entry point's shared flags, not generated ones.
+ENTRY_POINT_FIELDS: tuple[str, ...] = tuple(
+    name for name, hint in get_type_hints(TrainConfig, include_extras=True).items()
+    if tyro.conf.Suppress in getattr(hint, "__metadata__", ()))

@@ -9,6 +9,7 @@ equal the run's ``config.json``. A field added to the config without a value her
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import threading
 import uuid
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from rlstream.config import BusConfig, TrainConfig, read_config
+from rlstream.cli import build_parser, train_config
+from rlstream.config import ENTRY_POINT_FIELDS, BusConfig, TrainConfig, read_config
 from rlstream.decoupled import ChildExited, child_config, run_decoupled
 from streams.processors.pipeline import PrepareConfig
 from streams.runconfig import CONFIG_FILE, read_run_config
@@ -100,3 +102,32 @@ def test_every_field_reaches_the_learner_the_actors_and_the_faust_worker(tmp_pat
 
 def logs(run_dir: Path) -> str:
     return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted(run_dir.glob("*.log")))
+
+
+def as_flags(cfg: TrainConfig) -> list[str]:
+    """``cfg`` as the command line of ``rlstream train``: the shared flags, then one generated flag
+    per field of ``TrainConfig`` and ``PrepareConfig``."""
+    argv = ["train", "--mode", cfg.mode, "--run-dir", str(cfg.run_dir), "--run-id", cfg.run_id,
+            "--bus", cfg.bus.kind, "--bootstrap", cfg.bus.bootstrap, "--namespace", cfg.bus.namespace,
+            "--log-dir", cfg.bus.log_dir, "--metrics-port", str(cfg.metrics_port), "--tensorboard", cfg.tensorboard,
+            "--wrappers", ",".join(cfg.wrappers)]
+    for k, v in cfg.algo_overrides.items():
+        argv += ["--set", f"{k}={json.dumps(v)}"]
+    entry = set(ENTRY_POINT_FIELDS)
+    for obj in (cfg, cfg.streams):
+        for f in dataclasses.fields(obj):
+            if f.name in entry or (obj is cfg.streams and f.name == "policy_id"):
+                continue
+            value, flag = getattr(obj, f.name), "--" + f.name.replace("_", "-")
+            argv += [flag if value else "--no-" + flag[2:]] if isinstance(value, bool) else [flag, str(value)]
+    return argv
+
+
+def test_every_field_is_a_flag_that_parses_back(tmp_path, monkeypatch):
+    cfg = every_field_set(tmp_path, "127.0.0.1:1")
+    monkeypatch.setenv("RLSTREAM_RETENTION", f"{SAMPLES_RAW}=1h")
+    parsed = train_config(build_parser().parse_args(as_flags(cfg)))
+    # bus.partitions is the one field without a flag: this process only creates topics for a run.
+    assert parsed == replace(cfg, bus=replace(cfg.bus, partitions=BusConfig().partitions))
+    assert set(ENTRY_POINT_FIELDS) == {"mode", "wrappers", "algo_overrides", "run_dir", "run_id", "tensorboard",
+                                       "metrics_port", "streams", "bus"}  # each has a shared flag above
