@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from rlstream.cli import build_parser, train_config
-from rlstream.config import ENTRY_POINT_FIELDS, BusConfig, TrainConfig, read_config
+from rlstream.config import ENTRY_POINT_FIELDS, BusConfig, TrainConfig, read_config, write_config
 from rlstream.decoupled import ChildExited, child_config, run_decoupled
 from streams.processors.pipeline import PrepareConfig
 from streams.runconfig import CONFIG_FILE, read_run_config
@@ -131,3 +131,17 @@ def test_every_field_is_a_flag_that_parses_back(tmp_path, monkeypatch):
     assert parsed == replace(cfg, bus=replace(cfg.bus, partitions=BusConfig().partitions))
     assert set(ENTRY_POINT_FIELDS) == {"mode", "wrappers", "algo_overrides", "run_dir", "run_id", "tensorboard",
                                        "metrics_port", "streams", "bus"}  # each has a shared flag above
+
+
+def test_a_config_file_of_another_schema_or_with_unknown_or_missing_fields_is_refused(tmp_path):
+    path = write_config(TrainConfig(run_dir=tmp_path), tmp_path / CONFIG_FILE)
+    assert read_config(path) == TrainConfig(run_dir=tmp_path)
+    doc = json.loads(path.read_text())
+    for change, reason in ((lambda d: d.update(schema=2), "schema 2"),
+                           (lambda d: d["config"].update(num_env=3), "unknown fields \\['num_env'\\]"),
+                           (lambda d: d["config"]["bus"].pop("namespace"), "missing fields \\['namespace'\\]")):
+        bad = json.loads(json.dumps(doc))
+        change(bad)
+        path.write_text(json.dumps(bad))
+        with pytest.raises(SystemExit, match=reason):
+            read_config(path)
