@@ -1,21 +1,20 @@
-"""rlstream algorithms as pure torch: networks, normalisers, losses and learner steps. No I/O."""
+"""rlstream algorithms as pure torch: networks, normalisers, losses and learner steps. No I/O.
 
-from agents.core import Algorithm, TrajectoryBatch
-from agents.dpo import PreferenceBatch
-from agents.networks import ActorCritic, Policy
-from agents.normalization import RewardScaler, RunningMeanStd
-from agents.registry import ALGORITHMS, make_algorithm, make_config, make_policy
+The names below load on first use, so ``agents.defaults`` (pure data) is read without torch."""
 
-__all__ = [
-    "ALGORITHMS",
-    "ActorCritic",
-    "Algorithm",
-    "Policy",
-    "PreferenceBatch",
-    "RewardScaler",
-    "RunningMeanStd",
-    "TrajectoryBatch",
-    "make_algorithm",
-    "make_config",
-    "make_policy",
-]
+from importlib import import_module
+
+_EXPORTS = {
+    "Algorithm": "agents.core", "TrajectoryBatch": "agents.core", "PreferenceBatch": "agents.dpo",
+    "ActorCritic": "agents.networks", "Policy": "agents.networks", "RewardScaler": "agents.normalization",
+    "RunningMeanStd": "agents.normalization", "ALGORITHMS": "agents.registry", "make_algorithm": "agents.registry",
+    "make_config": "agents.registry", "make_policy": "agents.registry",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'agents' has no attribute {name!r}")

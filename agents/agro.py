@@ -120,8 +120,6 @@ class AGRO(BaseAlgorithm):
     """Off-policy-tolerant regularised policy gradient (see module doc)."""
 
     name = "agro"
-    is_on_policy = False
-    default_staleness_k = 16
 
     def __init__(self, config: Optional[AGROConfig], obs_dim: int, act_dim: int, device: str | torch.device = "cpu"):
         config = config or AGROConfig()

@@ -14,6 +14,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from agents.defaults import ALGO_DEFAULTS
 from agents.networks import Policy
 
 __all__ = [
@@ -136,14 +137,18 @@ def minibatch_indices(n: int, num_minibatches: int, generator: torch.Generator, 
 class BaseAlgorithm:
     """Holds the policy, optimiser, step counter and RNG; implements state_dict plumbing.
 
-    Subclasses set ``name``, ``is_on_policy``, ``default_staleness_k``, implement
+    Subclasses set ``name`` (``is_on_policy`` follows from its row of ``agents.defaults``), implement
     ``update`` and may add learner-side state by overriding
     ``_extra_state`` / ``_load_extra_state``.
     """
 
     name: str = "base"
     is_on_policy: bool = True
-    default_staleness_k: int = 2
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.name in ALGO_DEFAULTS:
+            cls.is_on_policy = ALGO_DEFAULTS[cls.name].on_policy
 
     def __init__(self, config: PolicyConfig, obs_dim: int, act_dim: int, device: str | torch.device = "cpu"):
         self.config = config

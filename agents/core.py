@@ -195,13 +195,11 @@ class Algorithm(Protocol):
 
     Attributes:
         policy: the ``Policy`` module whose ``state_dict()`` is published to actors.
-        is_on_policy: True if the algorithm assumes (near-)fresh data.
-        default_staleness_k: default max versions behind for the staleness processor.
+        is_on_policy: True if the algorithm assumes (near-)fresh data (``agents.defaults``).
     """
 
     policy: Policy
     is_on_policy: bool
-    default_staleness_k: int
 
     def update(self, batch: Any) -> dict[str, float]:
         """One learner step on ``batch`` (a ``TrajectoryBatch``; DPO takes a ``PreferenceBatch``).

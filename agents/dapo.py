@@ -111,8 +111,6 @@ class DAPO(GRPO):
     """Decoupled-clip, dynamic-sampling policy optimisation (see module doc)."""
 
     name = "dapo"
-    is_on_policy = True
-    default_staleness_k = 2
 
     def __init__(self, config: Optional[DAPOConfig], obs_dim: int, act_dim: int, device: str | torch.device = "cpu"):
         config = config or DAPOConfig()

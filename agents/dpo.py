@@ -145,8 +145,6 @@ class DPO(BaseAlgorithm):
     """Direct preference optimisation of the Gaussian policy on segment pairs."""
 
     name = "dpo"
-    is_on_policy = False
-    default_staleness_k = 64  # preferences come from replayed data; the reference, not the version, anchors the loss
 
     def __init__(self, config: Optional[DPOConfig], obs_dim: int, act_dim: int, device: str | torch.device = "cpu"):
         config = config or DPOConfig()

@@ -140,8 +140,6 @@ class GRPO(BaseAlgorithm):
     """
 
     name = "grpo"
-    is_on_policy = True
-    default_staleness_k = 2
 
     def __init__(self, config: Optional[GRPOConfig], obs_dim: int, act_dim: int, device: str | torch.device = "cpu"):
         config = config or GRPOConfig()

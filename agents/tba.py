@@ -160,8 +160,6 @@ class TBA(AGRO):
     """Staleness-decayed AGRO or trajectory-balance learner (see module doc)."""
 
     name = "tba"
-    is_on_policy = False
-    default_staleness_k = 16
 
     def __init__(self, config: Optional[TBAConfig], obs_dim: int, act_dim: int, device: str | torch.device = "cpu"):
         config = config or TBAConfig()

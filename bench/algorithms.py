@@ -1,6 +1,6 @@
 """Every algorithm side by side with PPO: return after the same env-step budget, same seeds,
 each trained by ``run_colocated`` (what ``rlstream train --mode colocated --algo X`` runs: the
-algorithm's run defaults from ``rlstream.config.ALGO_DEFAULTS``, every event on the file-backed
+algorithm's run defaults from ``agents.defaults.ALGO_DEFAULTS``, every event on the file-backed
 memory bus), then DPO trained offline on a PPO run's recorded samples (``rlstream replay
 --train-dpo``) against its reference policy.
 

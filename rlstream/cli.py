@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -12,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from runtime.ports import DEFAULT_PORTS, KNOWN_COMMANDS, metrics_port
+from runtime.ports import DEFAULT_PORTS, ENV_CONFIG, KNOWN_COMMANDS, metrics_port
 
 
 def _kv(items: list[str] | None) -> dict[str, Any]:
@@ -55,54 +56,63 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="memory bus: directory of a run's event log (e.g. runs/latest/log) to read or extend")
 
 
+#: Commands whose settings are ``TrainConfig``'s: their flags are generated from its fields and
+#: the stream processors' (``PrepareConfig``) by tyro, over the shared ones below.
+TRAINING_COMMANDS = ("train", "actor", "learner")
+
+
 def _add_training(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--algo", default="ppo", choices=["ppo", "grpo", "dapo", "agro", "tba"])
-    p.add_argument("--env", dest="env_id", default="HalfCheetah-v5",
-                   help="gymnasium id; module:EnvId-v0 imports the module (your package) first")
+    """The flags of ``TrainConfig``'s entry-point fields (``rlstream.config.EntryPoint``); every
+    other field is a generated flag (``parse_training``)."""
+    p.add_argument("-h", "--help", action="store_true", help="show this help message and exit")
+    p.set_defaults(shared_flags=p)
     p.add_argument("--wrappers", default="", metavar="A,B",
                    help="per-env gymnasium wrappers: normalize_obs, normalize_reward, clip_reward, flatten_obs")
-    p.add_argument("--total-steps", type=int, default=100_000)
-    p.add_argument("--num-actors", type=int, default=1)
-    p.add_argument("--num-envs", type=int, default=None,
-                   help="envs per actor (default: per algorithm, rlstream.config.ALGO_DEFAULTS)")
-    p.add_argument("--fragment-steps", type=int, default=None,
-                   help="steps per env per batch (default: train batch / envs; group mode: the episode horizon)")
-    p.add_argument("--train-batch-size", type=int, default=None, help="transitions per update (default: per algorithm)")
-    p.add_argument("--group-size", type=int, default=None, help="envs per start-state group, 0: none (default: per algorithm)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="algorithm config override")
     p.add_argument("--run-dir", type=Path, default=None,
                    help="default: runs/<run-id> (runs/latest links to it); with --resume: runs/latest")
-    p.add_argument("--snapshot-store", default=None, help="path, file:// or redis:// URL")
-    p.add_argument("--snapshot-every", type=int, default=10)
-    p.add_argument("--resume", action="store_true", help="resume from the newest snapshot")
-    p.add_argument("--plot", action=argparse.BooleanOptionalAction, default=True,
-                   help="write <run-dir>/returns.png (default: on)")
     p.add_argument("--tensorboard", nargs="?", const="", default="", metavar="DIR",
                    help="TensorBoard event files, one run per role (default: <run-dir>/tb; 'off' disables)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--max-versions", type=int, default=None, help="staleness window K")
-    p.add_argument("--max-ms", type=int, default=None, help="staleness window T (ms)")
-    p.add_argument("--log-every", type=float, default=5.0)
-    p.add_argument("--policy-id", default="policy", help="the policy trained (and followed by actors/processors)")
-    p.add_argument("--max-batches-per-version", type=int, default=None,
-                   help="decoupled on-policy actors: fragments per policy version before waiting for a "
-                        "newer one (default: the actor's share of one learner batch)")
-    p.add_argument("--policy-wait", type=float, default=20.0,
-                   help="decoupled on-policy actors: most seconds to wait for a newer version")
-    p.add_argument("--max-backlog", type=int, default=64,
-                   help="decoupled off-policy actors: pause above this stream-processor backlog (records); "
-                        "all actors: wait for a learner --max-steps-ahead behind above this end-to-end backlog")
-    p.add_argument("--fixed-fragments", action="store_true",
-                   help="decoupled off-policy actors: no dynamic fragment length")
-    p.add_argument("--actor-steps", type=int, default=None,
-                   help="decoupled: env steps per actor before it stops (default: total steps / actors)")
-    p.add_argument("--max-steps-ahead", type=int, default=None,
-                   help="decoupled: env steps an actor may publish while the policy version does not "
-                        "advance before it waits for the learner, if records queue up end to end "
-                        "(--max-backlog; default: 4 learner batches or fragments)")
-    p.add_argument("--torch-threads", type=int, default=None,
-                   help="torch intra-op threads (default: 1 in decoupled role processes, torch's own co-located)")
+
+
+def parse_training(a: argparse.Namespace, argv: list[str]) -> None:
+    """Parse what the shared flags left of a training command's ``argv`` into ``a.train``
+    (``TrainConfig``) and ``a.streams`` (``PrepareConfig``, over the algorithm's row), with flags
+    generated from the dataclasses' fields and docstrings (``--num-envs``, ``--max-versions``...)."""
+    import tyro
+
+    from agents.defaults import TRAINABLE
+    from rlstream.config import TrainConfig
+    from streams.processors.pipeline import PrepareConfig
+
+    prog = f"rlstream {a.command}"
+    if a.help:
+        a.shared_flags.print_help()
+        for cls in (TrainConfig, PrepareConfig):
+            try:
+                tyro.cli(cls, args=["--help"], prog=prog, description=f"{cls.__name__} flags")
+            except SystemExit:
+                pass
+        raise SystemExit(0)
+    try:
+        a.train, rest = tyro.cli(TrainConfig, args=argv, prog=prog, return_unknown_args=True)
+        a.streams = tyro.cli(PrepareConfig, args=rest, prog=prog,
+                             default=PrepareConfig.for_algo(a.train.algo, policy_id=a.train.policy_id))
+    except ValueError as e:  # a value the config itself refuses (an unknown --algo)
+        raise SystemExit(f"{prog}: {e}") from None
+    if a.train.algo not in TRAINABLE:
+        raise SystemExit(f"{prog}: --algo {a.train.algo!r} is not trained online; choose from {list(TRAINABLE)}")
+
+
+class _Parser(argparse.ArgumentParser):
+    """The top-level parser: training commands hand the flags it does not know to ``parse_training``."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        a, rest = super().parse_known_args(args, namespace)
+        if getattr(a, "command", None) in TRAINING_COMMANDS:
+            parse_training(a, rest)
+            rest = []
+        return a, rest
 
 
 def _add_time_travel(sub) -> None:
@@ -134,22 +144,27 @@ def _add_time_travel(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlstream", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="rlstream", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=argparse.ArgumentParser)
 
-    p = sub.add_parser("train", help="train (co-located by default)")
+    p = sub.add_parser("train", help="train (co-located by default)", add_help=False, allow_abbrev=False)
     p.add_argument("--mode", choices=["colocated", "decoupled"], default="colocated")
     _add_common(p)
     _add_training(p)
 
-    p = sub.add_parser("actor", help="decoupled actor process")
+    p = sub.add_parser("actor", help="decoupled actor process", add_help=False, allow_abbrev=False)
     _add_common(p)
     _add_training(p)
     p.add_argument("--index", type=int, default=0, help="actor index (its id is actor-<index>)")
 
-    p = sub.add_parser("learner", help="decoupled learner process")
+    p = sub.add_parser("learner", help="decoupled learner process", add_help=False, allow_abbrev=False)
     _add_common(p)
     _add_training(p)
+    for role in ("actor", "learner"):
+        sub.choices[role].add_argument(
+            "--config", type=Path, default=None, metavar="PATH",
+            help="take every setting from this run config file (<run-dir>/config.json; env RLSTREAM_CONFIG) "
+                 "instead of the flags")
 
     p = sub.add_parser("serve", help="policy server following PolicyVersion events")
     _add_common(p)
@@ -235,45 +250,32 @@ def train_namespace(given: str, flag: str | None, run_id: str, run_dir: Path, re
 
 
 def train_config(a: argparse.Namespace, default_bus: str = "memory"):
-    from rlstream.config import BusConfig, TrainConfig
-    from streams.processors.pipeline import PrepareConfig
+    """The ``TrainConfig`` of a parsed training command: the generated flags' ``a.train`` with the
+    entry-point fields resolved (run id and directory, bus and namespace, wrappers, overrides)."""
+    from rlstream.config import BusConfig
 
+    base = a.train
     run_id = a.run_id or uuid.uuid4().hex[:12]
-    mode = getattr(a, "mode", "decoupled")
-    run_dir = resolve_run_dir(a.run_dir, run_id, a.resume) if mode == "colocated" else (
+    mode = a.mode if a.command == "train" else "decoupled"
+    run_dir = resolve_run_dir(a.run_dir, run_id, base.resume) if mode == "colocated" else (
         a.run_dir or Path("runs") / "decoupled")
     bus = BusConfig.from_env(kind=a.bus or None, bootstrap=a.bootstrap, log_dir=a.log_dir, namespace=a.namespace)
     if a.command == "train" and mode == "decoupled":
-        bus = replace(bus, namespace=train_namespace(bus.namespace, a.namespace, run_id, run_dir, a.resume))
+        bus = replace(bus, namespace=train_namespace(bus.namespace, a.namespace, run_id, run_dir, base.resume))
     if mode == "colocated" and (a.bus or "memory") == "memory":
         log_dir = Path(a.log_dir) if a.log_dir else run_dir / "log"
-        if not a.resume and (log_dir / "_topics.json").exists():
+        if not base.resume and (log_dir / "_topics.json").exists():
             raise SystemExit(f"{run_dir} already holds a run's event log; pass --resume to continue it, "
                              "or choose another --run-dir")
-        if a.resume and not (log_dir / "_topics.json").exists():
+        if base.resume and not (log_dir / "_topics.json").exists():
             raise SystemExit(f"--resume: no run to resume in {run_dir} (no event log at {log_dir})")
         bus = replace(bus, kind="memory", log_dir=str(log_dir))
     elif a.bus is None and default_bus == "kafka":
         bus = replace(bus, kind="kafka", log_dir=None)
-    streams_overrides = {}
-    if a.max_versions is not None:
-        streams_overrides["max_versions"] = a.max_versions
-    if a.max_ms is not None:
-        streams_overrides["max_ms"] = a.max_ms
     tensorboard = None if a.tensorboard == "off" else (a.tensorboard or str(run_dir / "tb"))
-    return TrainConfig(
-        mode=mode, algo=a.algo, env_id=a.env_id, wrappers=_names(a.wrappers), tensorboard=tensorboard,
-        total_steps=a.total_steps,
-        num_actors=a.num_actors, num_envs=a.num_envs, fragment_steps=a.fragment_steps,
-        train_batch_size=a.train_batch_size, seed=a.seed, group_size=a.group_size,
-        algo_overrides=_kv(a.set), run_dir=run_dir, run_id=run_id, snapshot_store=a.snapshot_store,
-        snapshot_every=a.snapshot_every, resume=a.resume, plot=a.plot, metrics_port=a.metrics_port,
-        log_every_s=a.log_every, device=a.device,
-        streams=PrepareConfig.for_algo(a.algo, policy_id=a.policy_id, **streams_overrides), bus=bus,
-        policy_id=a.policy_id, max_batches_per_version=a.max_batches_per_version, policy_wait_s=a.policy_wait,
-        max_backlog=a.max_backlog, dynamic_fragments=not a.fixed_fragments, torch_threads=a.torch_threads,
-        actor_steps=a.actor_steps, max_steps_ahead=a.max_steps_ahead,
-    )
+    return replace(base, mode=mode, wrappers=_names(a.wrappers), tensorboard=tensorboard,
+                   algo_overrides=_kv(a.set), run_dir=run_dir, run_id=run_id, metrics_port=a.metrics_port,
+                   streams=a.streams, bus=bus)
 
 
 def _stop_on_signals() -> threading.Event:
@@ -338,10 +340,12 @@ def cmd_train(a: argparse.Namespace) -> int:
 
 def cmd_role(a: argparse.Namespace) -> int:
     from rlstream import decoupled
+    from rlstream.config import read_config
     from runtime.logging import configure_logging, get_logger
     from runtime.metrics import Metrics
 
-    cfg = train_config(a, default_bus="kafka")
+    config = a.config or os.environ.get(ENV_CONFIG)
+    cfg = read_config(config) if config else train_config(a, default_bus="kafka")
     role = a.command
     configure_logging(role=role, run_id=cfg.effective_run_id(), level=a.log_level, json=a.log_json)
     log = get_logger(f"rlstream.{role}")

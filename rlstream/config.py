@@ -5,17 +5,29 @@ Nothing below the entry point reads the environment or argv: roles get these dat
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Annotated, Any, TypeVar, get_type_hints
 
+import tyro
+
+from agents.defaults import algo_defaults
 from streams.processors.pipeline import PrepareConfig
+from streams.runconfig import read_run_config, write_run_config
 from streams.topics import Namespace, Retention, parse_retention
 from runtime.ports import (ENV_BUS, ENV_KAFKA_BROKERS, ENV_NAMESPACE, ENV_REDIS_URL, ENV_RUN_ID,
                                 ENV_SNAPSHOT_STORE)
 
 ENV_RETENTION = "RLSTREAM_RETENTION"
+
+_T = TypeVar("_T")
+#: A ``TrainConfig`` field the entry point sets from its shared flags (``rlstream.cli``), with
+#: meanings beyond the field (environment fallbacks, run-directory layout), not a generated flag.
+EntryPoint = Annotated[_T, tyro.conf.Suppress]
 
 
 @dataclass(frozen=True)
@@ -58,37 +70,6 @@ class BusConfig:
         return Namespace(self.namespace)
 
 
-@dataclass(frozen=True)
-class AlgoDefaults:
-    """How ``rlstream train --algo X`` collects and batches data when the flags are not given."""
-
-    num_envs: int
-    """Vector env width per actor."""
-    group_size: int
-    """Envs per start-state group (0: no groups). Group mode makes each column one rollout."""
-    train_batch_size: int
-    """Transitions per learner update."""
-    fragment_steps: int | None = None
-    """Steps per env per SampleBatch; None: ``train_batch_size // (num_envs * num_actors)``, or in
-    group mode the env's episode horizon (``max_episode_steps``), so every rollout ends inside its
-    fragment (the actor ends the fragment early once all have)."""
-
-
-_PPO_LIKE = AlgoDefaults(num_envs=1, group_size=0, train_batch_size=2048)
-_GROUPED = AlgoDefaults(num_envs=8, group_size=8, train_batch_size=512)
-
-#: The one table of per-algorithm run defaults (README "Algorithms" explains the choices).
-#: PPO, AGRO and TBA bootstrap a learned value, so fragments may cut episodes anywhere: CleanRL's
-#: 1 env x 2048 steps. GRPO and DAPO compare whole rollouts from one start state: one group of 8
-#: rollouts per fragment, fragments as long as an episode (ended early once all 8 are done), and
-#: a small batch, counted in padded steps: 512 is a few groups while rollouts are short and one
-#: group per update once they pass 64 steps (InvertedPendulum, 30k steps, 3 seeds: GRPO reached
-#: a return of ~290 with 512 vs ~170 with 1024; 8 rollouts per group beat 2 groups of 4).
-ALGO_DEFAULTS: dict[str, AlgoDefaults] = {
-    "ppo": _PPO_LIKE, "agro": _PPO_LIKE, "tba": _PPO_LIKE, "grpo": _GROUPED, "dapo": _GROUPED,
-}
-
-
 def episode_horizon(env_id: str, default: int = 1000) -> int:
     """The env's registered ``max_episode_steps`` (``default`` when it has none)."""
     import gymnasium as gym
@@ -104,20 +85,20 @@ def episode_horizon(env_id: str, default: int = 1000) -> int:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    mode: str = "colocated"
+    mode: EntryPoint[str] = "colocated"
     """colocated (one process, memory bus) or decoupled (processes over Kafka)."""
     algo: str = "ppo"
     """ppo, grpo, dapo, agro, tba."""
-    env_id: str = "HalfCheetah-v5"
+    env_id: Annotated[str, tyro.conf.arg(aliases=("--env",))] = "HalfCheetah-v5"
     """Gymnasium env id (``module:EnvId-v0`` imports the module first)."""
-    wrappers: tuple[str, ...] = ()
+    wrappers: EntryPoint[tuple[str, ...]] = ()
     """Per-env gymnasium wrappers by name (``actor.envs.WRAPPERS``)."""
     total_steps: int = 100_000
     """Environment steps to train for (summed over envs and actors)."""
     num_actors: int = 1
     """Actors (co-located: in-process; decoupled: processes)."""
     num_envs: int | None = None
-    """Vector env width per actor; None: the algorithm's default (``ALGO_DEFAULTS``)."""
+    """Vector env width per actor; None: the algorithm's default (``agents.defaults.ALGO_DEFAULTS``)."""
     fragment_steps: int | None = None
     """Steps per env per SampleBatch; None: train_batch_size // (num_envs * num_actors), or the
     env's episode horizon in group mode (``effective_fragment_steps``)."""
@@ -127,11 +108,11 @@ class TrainConfig:
     """Seed of envs, action noise and the learner."""
     group_size: int | None = None
     """Envs per start-state group (GRPO/DAPO; 0: no groups); None: the algorithm's default."""
-    algo_overrides: dict = field(default_factory=dict)
+    algo_overrides: EntryPoint[dict] = field(default_factory=dict)
     """Algorithm config fields to override (from --set key=value)."""
-    run_dir: Path = Path("runs/latest")
+    run_dir: EntryPoint[Path] = Path("runs/latest")
     """Where snapshots, the summary and the plot go."""
-    run_id: str = ""
+    run_id: EntryPoint[str] = ""
     """Bound into logs and events; default: random."""
     snapshot_store: str | None = None
     """Snapshot store URL/path; None: <run_dir>/snapshots."""
@@ -141,11 +122,11 @@ class TrainConfig:
     """Resume from the newest snapshot (and committed offsets)."""
     plot: bool = True
     """Write <run_dir>/returns.png (return vs steps)."""
-    tensorboard: str | None = None
+    tensorboard: EntryPoint[str | None] = None
     """TensorBoard log directory (each role writes its own run under it); None: off."""
-    metrics_port: int | None = None
+    metrics_port: EntryPoint[int | None] = None
     """Prometheus/health port; None: the role default; -1: no server."""
-    log_every_s: float = 5.0
+    log_every_s: Annotated[float, tyro.conf.arg(aliases=("--log-every",))] = 5.0
     """Seconds between progress lines."""
     device: str = "cpu"
     """torch device of the learner (cpu, cuda)."""
@@ -156,7 +137,7 @@ class TrainConfig:
     (records) passes this; the learner would otherwise keep versioning ahead of stale data."""
     breaker_close_below: float = 32.0
     """Circuit breaker: resume once the backlog is back under this."""
-    streams: PrepareConfig | None = None
+    streams: EntryPoint[PrepareConfig | None] = None
     """Stream-processor settings (staleness window, reorder, IS); None: the algorithm's defaults
     (``PrepareConfig.for_algo``). Its ``policy_id`` is always this config's ``policy_id``."""
     policy_id: str = "policy"
@@ -166,7 +147,7 @@ class TrainConfig:
     """Decoupled, on-policy algorithms: fragments an actor publishes under one policy version
     before it waits for a newer one; None: its share of one learner batch,
     ceil(train_batch_size / (num_actors * num_envs * fragment_steps))."""
-    policy_wait_s: float = 20.0
+    policy_wait_s: Annotated[float, tyro.conf.arg(aliases=("--policy-wait",))] = 20.0
     """Decoupled, on-policy: the most an actor waits for a newer version before it sends one
     more fragment under the old one (a batch lost on the way must not stall training)."""
     max_backlog: int = 64
@@ -174,9 +155,9 @@ class TrainConfig:
     rl.samples.raw (records not yet committed by their group) is above this, and resume at half.
     All algorithms: the end-to-end backlog (that plus the learner's on rl.samples.prepared) above
     which an actor ``max_steps_ahead`` ahead of the learner waits for it."""
-    dynamic_fragments: bool = True
-    """Decoupled, off-policy, no ``fragment_steps`` given: the fragment length follows that
-    backlog (``learner.batch_size.BatchSizeController``, 32..256 steps per env)."""
+    fixed_fragments: bool = False
+    """Decoupled, off-policy, no ``fragment_steps`` given: keep the fragment length fixed instead of
+    following that backlog (``learner.batch_size.BatchSizeController``, 32..256 steps per env)."""
     actor_steps: int | None = None
     """Decoupled: env steps each actor collects before it stops; None: its share of the budget,
     ceil(total_steps / num_actors)."""
@@ -189,10 +170,10 @@ class TrainConfig:
     """Intra-op threads of torch in this process; None: 1 in the decoupled role processes (they
     share the machine: small-MLP updates on contended cores run several times slower with more),
     torch's default in co-located mode."""
-    bus: BusConfig = field(default_factory=BusConfig)
+    bus: EntryPoint[BusConfig] = field(default_factory=BusConfig)
 
     def __post_init__(self) -> None:
-        d = ALGO_DEFAULTS.get(self.algo, _PPO_LIKE)
+        d = algo_defaults(self.algo)
         for name in ("num_envs", "train_batch_size", "group_size"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, getattr(d, name))
@@ -235,3 +216,53 @@ class TrainConfig:
 
     def redis(self) -> str | None:
         return self.redis_url or os.environ.get(ENV_REDIS_URL)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as JSON values (``from_dict`` inverts it)."""
+        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
+        """The config ``to_dict`` wrote; an unknown or missing field is an error, not a default."""
+        d = dict(d)
+        _check_fields(cls, d)
+        bus = dict(d.pop("bus"))
+        _check_fields(BusConfig, bus)
+        bus["retention"] = {k: Retention(**v) for k, v in bus["retention"].items()}
+        streams = d.pop("streams")
+        if streams is not None:
+            _check_fields(PrepareConfig, streams)
+        return cls(**{**d, "run_dir": Path(d["run_dir"]), "wrappers": tuple(d["wrappers"]), "bus": BusConfig(**bus),
+                      "streams": None if streams is None else PrepareConfig(**streams)})
+
+    def resolved(self) -> "TrainConfig":
+        """This config with what the environment or chance would decide filled in (run id, snapshot
+        store, redis, the stream-processor settings), so every process that reads it agrees."""
+        return replace(self, run_id=self.effective_run_id(), snapshot_store=self.snapshot_url(),
+                       redis_url=self.redis(), streams=self.prepare_config())
+
+
+def _check_fields(cls: type, d: dict[str, Any]) -> None:
+    names = {f.name for f in dataclasses.fields(cls)}
+    if set(d) != names:
+        raise ValueError(f"{cls.__name__}: unknown fields {sorted(set(d) - names)}, "
+                         f"missing fields {sorted(names - set(d))}")
+
+
+def write_config(cfg: TrainConfig, path: Path) -> Path:
+    """Write ``cfg`` as a run config file (``streams.runconfig``) at ``path``."""
+    return write_run_config(cfg.to_dict(), path)
+
+
+def read_config(path: str | Path) -> TrainConfig:
+    """The ``TrainConfig`` of a run config file; a clear ``SystemExit`` if it cannot be used."""
+    try:
+        return TrainConfig.from_dict(read_run_config(path))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise SystemExit(f"config file {path}: {e}") from None
+
+
+#: The ``TrainConfig`` fields set from the entry point's shared flags, not generated ones.
+ENTRY_POINT_FIELDS: tuple[str, ...] = tuple(
+    name for name, hint in get_type_hints(TrainConfig, include_extras=True).items()
+    if tyro.conf.Suppress in getattr(hint, "__metadata__", ()))

@@ -13,27 +13,19 @@ import sys
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from rlstream import wiring
-from rlstream.config import TrainConfig
+from rlstream.config import TrainConfig, write_config
 from runtime.logging import bind_policy_version
 from runtime.metrics import Metrics
 from runtime.tensorboard import TensorBoardRun
-from runtime.ports import (
-    ENV_ALGO,
-    ENV_KAFKA_BROKERS,
-    ENV_METRICS_PORT,
-    ENV_NAMESPACE,
-    ENV_POLICY_ID,
-    ENV_RUN_DIR,
-    ENV_STALENESS_K,
-    ENV_STALENESS_MODE,
-    ENV_STALENESS_MS,
-)
+from runtime.ports import ENV_CONFIG, ENV_KAFKA_BROKERS, ENV_METRICS_PORT, ENV_NAMESPACE, ENV_RUN_DIR
 from runtime.progress import Progress, read_state
 from runtime.roles import Slot, clear_summaries, drive, read_summaries, write_summary
+from streams.runconfig import CONFIG_FILE
 from streams.topics import LEARNER_GROUP, SAMPLES_PREPARED, SAMPLES_RAW, STREAMS_GROUP
 
 #: File in a decoupled run's directory naming its namespace (``--resume`` reads it).
@@ -77,6 +69,7 @@ def run_actor(cfg: TrainConfig, index: int, log: Any = None, stop: threading.Eve
     """Collect and publish fragments until ``stop`` or until the actor's step budget
     (``cfg.actor_budget()``) is spent, under the algorithm's flow control (``wiring.build_flow``):
     the loop heartbeats while it waits for a policy version, room, or a stalled learner."""
+    write_effective_config(cfg, f"actor-{index}")
     _set_threads(cfg)
     stop = stop or threading.Event()
     metrics = metrics or Metrics(role="actor")
@@ -141,6 +134,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
                 metrics: Metrics | None = None, health: Any = None) -> dict[str, Any]:
     from learner.circuit_breaker import CircuitBreaker
 
+    write_effective_config(cfg, "learner")
     _set_threads(cfg)
     stop = stop or threading.Event()
     metrics = metrics or Metrics(role="learner")
@@ -196,29 +190,39 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
     return summary
 
 
-def _role_cmd(role: str, cfg: TrainConfig, extra: list[str]) -> list[str]:
-    base = [sys.executable, "-m", "rlstream.cli", role, "--bus", "kafka", "--bootstrap", cfg.bus.bootstrap,
-            "--algo", cfg.algo, "--env", cfg.env_id, "--total-steps", str(cfg.total_steps),
-            "--num-envs", str(cfg.num_envs), "--num-actors", str(cfg.num_actors),
-            "--train-batch-size", str(cfg.train_batch_size), "--group-size", str(cfg.group_size),
-            "--policy-id", cfg.policy_id,
-            "--policy-wait", str(cfg.policy_wait_s), "--max-backlog", str(cfg.max_backlog),
-            "--seed", str(cfg.seed), "--run-dir", str(cfg.run_dir), "--log-every", str(cfg.log_every_s),
-            "--run-id", cfg.effective_run_id(), "--namespace", cfg.bus.namespace,
-            "--actor-steps", str(cfg.actor_budget()), "--max-steps-ahead", str(cfg.steps_ahead_bound()),
-            "--metrics-port", "-1", "--log-json"]
-    base += ["--wrappers", ",".join(cfg.wrappers), "--tensorboard", cfg.tensorboard or "off"]
-    if cfg.fragment_steps:
-        base += ["--fragment-steps", str(cfg.fragment_steps)]
-    if cfg.max_batches_per_version:
-        base += ["--max-batches-per-version", str(cfg.max_batches_per_version)]
-    if not cfg.dynamic_fragments:
-        base += ["--fixed-fragments"]
-    if cfg.torch_threads:
-        base += ["--torch-threads", str(cfg.torch_threads)]
-    for k, v in cfg.algo_overrides.items():
-        base += ["--set", f"{k}={json.dumps(v)}"]
-    return base + extra
+def child_config(cfg: TrainConfig) -> TrainConfig:
+    """The config every child of ``run_decoupled`` reads from ``<run_dir>/config.json``: ``cfg``
+    resolved (``TrainConfig.resolved``), each actor's budget and lead fixed, no metrics servers
+    (many roles on one host; the parent reads their state files instead)."""
+    return replace(cfg.resolved(), mode="decoupled", actor_steps=cfg.actor_budget(),
+                   max_steps_ahead=cfg.steps_ahead_bound(), metrics_port=-1)
+
+
+def child_commands(cfg: TrainConfig, config_path: Path) -> dict[str, list[str]]:
+    """Process name -> argv of every child of a decoupled run; all read ``config_path`` (the
+    Faust worker through ``RLSTREAM_CONFIG``, see ``child_env``)."""
+    def role(name: str, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "rlstream.cli", name, "--config", str(config_path), "--log-json", *extra]
+
+    cmds = {"learner": role("learner"),
+            "streams": [sys.executable, "-m", "faust", "-A", "streams", "--datadir", str(cfg.run_dir / "streams-data"),
+                        "worker", "-l", "warn", "--without-web"]}
+    cmds.update({f"actor-{i}": role("actor", "--index", str(i)) for i in range(cfg.num_actors)})
+    return cmds
+
+
+def child_env(cfg: TrainConfig, config_path: Path) -> dict[str, str]:
+    """The environment of the children: this one's, with the run's config file and bus."""
+    env = dict(os.environ)
+    env.pop(ENV_METRICS_PORT, None)
+    env.update({ENV_CONFIG: str(config_path), ENV_KAFKA_BROKERS: cfg.bus.bootstrap, ENV_NAMESPACE: cfg.bus.namespace,
+                ENV_RUN_DIR: str(cfg.run_dir)})
+    return env
+
+
+def write_effective_config(cfg: TrainConfig, name: str) -> Path:
+    """Record the config role ``name`` runs with (``<run_dir>/<name>.config.json``)."""
+    return write_config(cfg, cfg.run_dir / f"{name}.config.json")
 
 
 class ChildExited(RuntimeError):
@@ -302,10 +306,8 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     for old in cfg.run_dir.glob("*.state.json"):
         old.unlink()  # a previous run's figures are not this run's
     clear_summaries(cfg.run_dir)
-    env = dict(os.environ)
-    env[ENV_KAFKA_BROKERS] = cfg.bus.bootstrap
-    env.pop(ENV_METRICS_PORT, None)
-    env.update(streams_env(cfg))
+    config_path = write_config(child_config(cfg), cfg.run_dir / CONFIG_FILE)
+    env = child_env(cfg, config_path)
     procs: dict[str, subprocess.Popen] = {}
 
     def log_path(name: str) -> Path:
@@ -321,11 +323,8 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     drain_s = max(30.0, 3 * cfg.log_every_s)
     rc, ended = None, "stopped"  # why the run ended: learner_done, drained or stopped (a signal)
     try:
-        spawn("learner", _role_cmd("learner", cfg, []))
-        spawn("streams", [sys.executable, "-m", "faust", "-A", "streams", "--datadir",
-                          str(cfg.run_dir / "streams-data"), "worker", "-l", "warn", "--without-web"])
-        for i, name in enumerate(actors):
-            spawn(name, _role_cmd("actor", cfg, ["--index", str(i)]))
+        for name, cmd in child_commands(cfg, config_path).items():
+            spawn(name, cmd)
         if log is not None:
             log.info("decoupled_started", processes=sorted(procs), logs=str(cfg.run_dir),
                      namespace=cfg.bus.namespace or "(legacy)")
@@ -373,12 +372,3 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
                "exit_codes": {n: p.returncode for n, p in procs.items()}}
     (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
-
-
-def streams_env(cfg: TrainConfig) -> dict[str, str]:
-    """Settings the Faust worker reads (it is started by faust's own CLI, so they go by env)."""
-    p = cfg.prepare_config()
-    out = {ENV_ALGO: cfg.algo, ENV_STALENESS_K: str(p.max_versions), ENV_STALENESS_MODE: p.staleness_mode,
-           ENV_STALENESS_MS: "none" if p.max_ms is None else str(p.max_ms), ENV_POLICY_ID: cfg.policy_id,
-           ENV_NAMESPACE: cfg.bus.namespace, ENV_RUN_DIR: str(cfg.run_dir)}
-    return out

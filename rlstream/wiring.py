@@ -65,15 +65,15 @@ def build_algo(cfg: TrainConfig, obs_dim: int, act_dim: int, nvec: tuple[int, ..
 
 
 def group_size(cfg: TrainConfig) -> int:
-    """Envs per start-state group (0: none); the per-algorithm default is ``config.ALGO_DEFAULTS``."""
+    """Envs per start-state group (0: none); the per-algorithm default is ``agents.defaults.ALGO_DEFAULTS``."""
     return cfg.group_size or 0
 
 
 def is_on_policy(algo: str) -> bool:
-    """Whether ``algo`` assumes fresh data (``agents.registry.ALGORITHMS``' ``is_on_policy``)."""
-    from agents.registry import ALGORITHMS
+    """Whether ``algo`` assumes fresh data (its row of ``agents.defaults.ALGO_DEFAULTS``)."""
+    from agents.defaults import algo_defaults
 
-    return bool(ALGORITHMS[algo.lower()][1].is_on_policy)
+    return algo_defaults(algo).on_policy
 
 
 # Free-running actors look for a newer policy every this many steps (see ActorConfig.swap_every).
@@ -116,7 +116,7 @@ def _inner_flow(cfg: TrainConfig, bus: Bus, metrics: Metrics | None, log=None):
         return float(bus.group_lag(STREAMS_GROUP, SAMPLES_RAW))
 
     sizes = None
-    if cfg.dynamic_fragments and not cfg.fragment_steps:
+    if not cfg.fixed_fragments and not cfg.fragment_steps:
         from learner.batch_size import BatchSizeController
 
         sizes = BatchSizeController()

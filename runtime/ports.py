@@ -64,6 +64,9 @@ ENV_NAMESPACE = "RLSTREAM_NAMESPACE"
 #: Run directory of a decoupled run, set for the Faust worker (started by faust's own CLI), which
 #: writes its summary there (``runtime.roles.write_summary``); unset: no summary file.
 ENV_RUN_DIR = "RLSTREAM_RUN_DIR"
+#: A run's config file (``<run-dir>/config.json``, ``rlstream.config.write_config``): ``rlstream
+#: actor``/``learner`` and the Faust worker take every setting from it instead of flags/env.
+ENV_CONFIG = "RLSTREAM_CONFIG"
 
 #: Every environment variable an rlstream process reads. Manifests may set no
 #: other variable on an rlstream container.
@@ -82,6 +85,7 @@ ENV_VARS: tuple[str, ...] = (
     ENV_POLICY_ID,
     ENV_NAMESPACE,
     ENV_RUN_DIR,
+    ENV_CONFIG,
 )
 
 #: Sub-commands of the ``rlstream`` CLI (rlstream/cli.py is wired to this list).

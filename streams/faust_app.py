@@ -34,7 +34,9 @@ Settings come from the environment once, here (``StreamsSettings.from_env``): ``
 (``streams.bus.kafka.kafka_client_config``), mapped to Faust credentials and aiokafka
 arguments, and the pipeline settings (``prepare_config_from_env``: ``RLSTREAM_ALGO``,
 ``RLSTREAM_STALENESS_*``, ``RLSTREAM_POLICY_ID``) and the run namespace (``RLSTREAM_NAMESPACE``:
-its topics, and its ``STREAMS_GROUP`` as the app id; unset: the legacy unscoped names).
+its topics, and its ``STREAMS_GROUP`` as the app id; unset: the legacy unscoped names). With
+``RLSTREAM_CONFIG`` (set by ``rlstream train --mode decoupled``) they all come from that run
+config file instead (``StreamsSettings.from_run_config``).
 
 Several workers share ``rl.samples.raw`` by partition (the consumer group) and each follows
 every PolicyVersion. Per-actor reorder/dedup state lives in the Faust table ``actor-state``
@@ -46,6 +48,7 @@ record-level rules (decode, dead-letter, hold, emit) are ``streams.shell.ShellCo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -53,6 +56,7 @@ import ssl
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import faust
@@ -64,6 +68,7 @@ from streams.processors.importance import PolicyLogpFn
 from streams.policies import blob_store_from_env
 from streams.processors.pipeline import Prepare, PrepareConfig
 from streams.shell import PolicyRecords, Send, ShellCore, policy_backlog, policy_starts
+from streams.runconfig import read_run_config, write_run_config
 from streams.topics import (
     DEADLETTER,
     LEGACY,
@@ -81,6 +86,9 @@ STAGE = "streams.faust"
 APP_ID = STREAMS_GROUP
 ENV_KAFKA_BROKERS = "KAFKA_BROKERS"
 ENV_NAMESPACE = "RLSTREAM_NAMESPACE"
+ENV_CONFIG = "RLSTREAM_CONFIG"
+#: The file in the run directory where a worker started from a run config records its settings.
+EFFECTIVE_CONFIG_FILE = "streams.config.json"
 DEFAULT_BROKERS = "127.0.0.1:9092"
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
@@ -127,17 +135,37 @@ class StreamsSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "StreamsSettings":
+        """From the run config file named by ``RLSTREAM_CONFIG`` if set (``from_run_config``), else
+        from ``KAFKA_BROKERS``, ``RLSTREAM_NAMESPACE`` and ``prepare_config_from_env``."""
         env = os.environ if env is None else env
-        brokers = env.get(ENV_KAFKA_BROKERS, "").strip() or DEFAULT_BROKERS
         try:
             from runtime.ports import metrics_port
 
             port = metrics_port("streams", env)
         except ImportError:
             port = 9102
+        if env.get(ENV_CONFIG, "").strip():
+            return cls.from_run_config(env[ENV_CONFIG].strip(), web_port=port)
+        brokers = env.get(ENV_KAFKA_BROKERS, "").strip() or DEFAULT_BROKERS
         ns = Namespace(env.get(ENV_NAMESPACE, "").strip())
         return cls(brokers=brokers, app_id=ns.group(APP_ID), namespace=ns, web_port=port,
                    client_config=_bus_client_config(), prepare=prepare_config_from_env(env))
+
+    @classmethod
+    def from_run_config(cls, path: str, web_port: int = 9102) -> "StreamsSettings":
+        """The settings of a run config file (``streams.runconfig``): its bus, stream-processor
+        settings and torch threads. Records them in ``<run_dir>/streams.config.json``."""
+        cfg = read_run_config(path)
+        bus = cfg["bus"]
+        ns = Namespace(bus["namespace"])
+        prepare = (PrepareConfig(**cfg["streams"]) if cfg["streams"] is not None
+                   else PrepareConfig.for_algo(cfg["algo"], policy_id=cfg["policy_id"]))
+        settings = cls(brokers=bus["bootstrap"], app_id=ns.group(APP_ID), namespace=ns, web_port=web_port,
+                       topic_partitions=bus["partitions"], client_config=_bus_client_config(), prepare=prepare,
+                       torch_threads=cfg["torch_threads"] or 1)
+        effective = {k: v for k, v in dataclasses.asdict(settings).items() if k != "client_config"}  # secrets
+        write_run_config(json.loads(json.dumps(effective, default=str)), Path(cfg["run_dir"]) / EFFECTIVE_CONFIG_FILE)
+        return settings
 
 
 def prepare_config_from_env(env: Mapping[str, str]) -> PrepareConfig:
@@ -247,7 +275,8 @@ def raw_partitions_of(settings: StreamsSettings, timeout: float = 5.0) -> int:
     try:
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": settings.brokers, **settings.client_config})
+        # quiet: a broker that is down is this fallback's expected case, said once below
+        admin = AdminClient({"bootstrap.servers": settings.brokers, **settings.client_config, "log_level": 0})
         topic = settings.namespace.topic(SAMPLES_RAW)
         meta = admin.list_topics(topic, timeout=timeout).topics.get(topic)
         if meta is not None and meta.error is None and meta.partitions:

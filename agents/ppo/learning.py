@@ -62,8 +62,6 @@ class PPO(BaseAlgorithm):
     """
 
     name = "ppo"
-    is_on_policy = True
-    default_staleness_k = 2
 
     def __init__(self, config: Optional[PPOConfig], obs_dim: int, act_dim: int, device: str | torch.device = "cpu"):
         config = config or PPOConfig()

@@ -2,7 +2,6 @@
 
 from streams.processors.importance import ImportanceResult, ImportanceWeights, LogpFn, PolicyBuildError, PolicyLogpFn
 from streams.processors.pipeline import (
-    ALGO_DEFAULTS,
     Output,
     Prepare,
     PrepareConfig,
@@ -13,7 +12,7 @@ from streams.processors.reorder import ReorderBuffer, ReorderResult, ReorderStat
 from streams.processors.staleness import PolicyStalenessError, StalenessDecision, StalenessWindow
 
 __all__ = [
-    "ALGO_DEFAULTS", "ImportanceResult", "ImportanceWeights", "LogpFn", "Output", "PolicyBuildError",
+    "ImportanceResult", "ImportanceWeights", "LogpFn", "Output", "PolicyBuildError",
     "PolicyLogpFn", "PolicyStalenessError", "Prepare", "PrepareConfig", "ProcessorStats", "Rejection",
     "ReorderBuffer", "ReorderResult", "ReorderStats", "SeenIds", "StalenessDecision", "StalenessWindow",
 ]

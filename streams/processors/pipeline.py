@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from agents.defaults import algo_defaults
 from schemas.events import PolicyVersion, PreparedBatch, SampleBatch, now_ms
 from streams.processors.importance import ImportanceResult, ImportanceWeights, LogpFactory, LogpFn
 from streams.processors.reorder import ReorderBuffer, ReorderResult, ReorderStats
@@ -78,23 +79,8 @@ class PrepareConfig:
 
     @classmethod
     def for_algo(cls, algo: str, **overrides: Any) -> "PrepareConfig":
-        """Per-algorithm defaults (``ALGO_DEFAULTS``), then ``overrides``."""
-        base = dict(ALGO_DEFAULTS.get(algo.lower(), {}))
-        base.update(overrides)
-        return cls(**base)
-
-
-#: Starting points, not tuned: on-policy-ish methods drop early, off-policy-tolerant ones
-#: keep stale data at a lower weight.
-ALGO_DEFAULTS: dict[str, dict[str, Any]] = {
-    "ppo": {"max_versions": 4, "max_ms": 60_000, "staleness_mode": "drop"},
-    "grpo": {"max_versions": 1, "max_ms": 60_000, "staleness_mode": "drop"},
-    "dapo": {"max_versions": 1, "max_ms": 60_000, "staleness_mode": "drop"},
-    "agro": {"max_versions": 4, "max_ms": 120_000, "staleness_mode": "downweight"},
-    "tba": {"max_versions": 16, "max_ms": 300_000, "staleness_mode": "downweight", "min_weight": 0.01},
-    "vtrace": {"max_versions": 8, "max_ms": 120_000, "staleness_mode": "downweight"},
-    "dpo": {"max_versions": 1 << 30, "max_ms": None, "importance": False},
-}
+        """The algorithm's row of ``agents.defaults.ALGO_DEFAULTS``, then ``overrides``."""
+        return cls(**{**algo_defaults(algo).prepare(), **overrides})
 
 
 # --- outputs and counters -------------------------------------------------------------------

@@ -3,18 +3,22 @@ import copy
 import pytest
 import torch
 
+from agents.defaults import ALGO_DEFAULTS
 from agents.dpo import PreferenceBatch
 from agents.registry import ALGORITHMS, make_algorithm, make_config, make_policy
+from streams.processors.pipeline import PrepareConfig
 
 EXPECTED = {"ppo": True, "grpo": True, "dapo": True, "agro": False, "tba": False, "dpo": False}
 
 
 def test_registry_names_flags_and_staleness_defaults():
-    assert set(ALGORITHMS) == set(EXPECTED)
+    assert set(ALGORITHMS) == set(EXPECTED) == set(ALGO_DEFAULTS)  # one row per algorithm
     for name, on_policy in EXPECTED.items():
         cfg_cls, algo_cls = ALGORITHMS[name]
-        assert algo_cls.is_on_policy is on_policy
-        assert algo_cls.default_staleness_k <= 2 if on_policy else algo_cls.default_staleness_k >= 16
+        assert algo_cls.is_on_policy is on_policy is ALGO_DEFAULTS[name].on_policy
+        row = ALGO_DEFAULTS[name]  # on-policy: drop stale data; off-policy: keep it at a lower weight
+        assert row.staleness_mode == "drop" if on_policy else row.staleness_mode in ("downweight", "drop")
+        assert PrepareConfig.for_algo(name).max_versions == row.max_versions
 
 
 def test_overrides_are_applied_and_validated():

@@ -1,11 +1,12 @@
-"""Per-algorithm run defaults (``rlstream.config.ALGO_DEFAULTS``): ``--algo X`` alone is enough."""
+"""Per-algorithm run defaults (``agents.defaults.ALGO_DEFAULTS``): ``--algo X`` alone is enough."""
 
 from __future__ import annotations
 
 import pytest
 
 from rlstream.cli import build_parser, train_config
-from rlstream.config import ALGO_DEFAULTS, TrainConfig
+from agents.defaults import TRAINABLE
+from rlstream.config import TrainConfig
 
 
 @pytest.mark.parametrize("algo", ["ppo", "agro", "tba"])
@@ -27,8 +28,8 @@ def test_group_algorithms_get_groups_and_episode_long_fragments(algo):
 
 
 def test_cli_leaves_unset_flags_to_the_algorithm(tmp_path):
-    for algo in ALGO_DEFAULTS:  # every algorithm with run defaults is a --algo choice
-        assert build_parser().parse_args(["train", "--algo", algo]).algo == algo
+    for algo in TRAINABLE:  # every online algorithm of the table is a --algo choice
+        assert build_parser().parse_args(["train", "--algo", algo]).train.algo == algo
     a = build_parser().parse_args(["train", "--algo", "dapo", "--env", "Pendulum-v1", "--run-dir", str(tmp_path)])
     cfg = train_config(a)
     assert (cfg.num_envs, cfg.group_size, cfg.train_batch_size) == (8, 8, 512)

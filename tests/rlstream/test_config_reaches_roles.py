@@ -1,0 +1,147 @@
+"""Every field of a run's config reaches every role of a decoupled run.
+
+Each field is set to a value that is neither its dataclass default nor the algorithm's; a real
+``run_decoupled`` starts its children (learner, two actors, the Faust worker) on the Kafka
+broker, and each child's own record of the config it runs with (``<name>.config.json``) must
+equal the run's ``config.json``. A field added to the config without a value here fails the test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from rlstream.cli import build_parser, train_config
+from rlstream.config import ENTRY_POINT_FIELDS, BusConfig, TrainConfig, read_config, write_config
+from rlstream.decoupled import ChildExited, child_config, run_decoupled
+from streams.processors.pipeline import PrepareConfig
+from streams.runconfig import CONFIG_FILE, read_run_config
+from streams.topics import SAMPLES_RAW, Retention
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.kafka
+
+POLICY = "cfg-policy"
+
+PREPARE = dict(max_versions=5, max_ms=7_000, staleness_mode="drop", decay=0.25, min_weight=0.02,
+               age_from="policy", reorder_window=7, reorder_timeout_ms=900, dedup_capacity=999, dedup_ttl_ms=5_000,
+               max_actors=50, importance=False, rho_bar=0.9, c_bar=0.8, behaviour_cap=3.0, policy_id=POLICY)
+
+
+def every_field_set(tmp_path: Path, bootstrap: str) -> TrainConfig:
+    bus = dict(kind="kafka", bootstrap=bootstrap, partitions=2, log_dir=str(tmp_path / "unused-log"),
+               retention={SAMPLES_RAW: Retention(ms=3_600_000, bytes=-1)}, namespace=f"cfg{uuid.uuid4().hex[:8]}")
+    train = dict(mode="decoupled", algo="tba", env_id="Pendulum-v1", wrappers=("clip_reward",), total_steps=4096,
+                 num_actors=2, num_envs=2, fragment_steps=16, train_batch_size=64, seed=7, group_size=2,
+                 algo_overrides={"gamma": 0.98}, run_dir=tmp_path / "run", run_id="cfg-run",
+                 snapshot_store=str(tmp_path / "snaps"), snapshot_every=3, resume=True, plot=False,
+                 tensorboard=str(tmp_path / "tb"), metrics_port=9555, log_every_s=1.5, device="cpu:0",
+                 redis_url=os.environ.get("REDIS_URL", "redis://127.0.0.1:1/0"), breaker_open_above=100.0,
+                 breaker_close_below=10.0, streams=PrepareConfig(**PREPARE), policy_id=POLICY,
+                 max_batches_per_version=3, policy_wait_s=7.0, max_backlog=9, fixed_fragments=True,
+                 actor_steps=1000, max_steps_ahead=5000, torch_threads=2, bus=BusConfig(**bus))
+    for cls, values in ((TrainConfig, train), (BusConfig, bus), (PrepareConfig, PREPARE)):
+        missing = {f.name for f in dataclasses.fields(cls)} - set(values)
+        assert not missing, f"give {cls.__name__} fields {sorted(missing)} a non-default value here"
+    plain, algo = TrainConfig(), TrainConfig(algo="tba")  # the dataclass's defaults and the algorithm's
+    for name in train:
+        if name != "bus":
+            assert train[name] != getattr(plain, name), f"{name} is at its default"
+            assert name == "algo" or train[name] != getattr(algo, name), f"{name} is at the algorithm's default"
+    for name, value in bus.items():
+        assert value != getattr(BusConfig(), name), f"bus.{name} is at its default"
+    for name, value in PREPARE.items():
+        assert value != getattr(PrepareConfig.for_algo("tba"), name), f"streams.{name} is at the algorithm's default"
+    return TrainConfig(**train)
+
+
+def test_every_field_reaches_the_learner_the_actors_and_the_faust_worker(tmp_path, kafka_bootstrap):
+    cfg = every_field_set(tmp_path, kafka_bootstrap)
+    run_dir = cfg.run_dir
+    stop, failure = threading.Event(), []
+
+    def run() -> None:
+        try:
+            run_decoupled(cfg, stop=stop)
+        except ChildExited as e:
+            failure.append(e)
+
+    roles = ["learner", "actor-0", "actor-1"]
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: failure or all((run_dir / f"{n}.config.json").exists() for n in [*roles, "streams"]),
+                 300, "every child's effective config", on_timeout=lambda: logs(run_dir))
+        if failure and not (run_dir / "streams.config.json").exists():
+            raise failure[0]
+    finally:
+        stop.set()
+        thread.join(120)
+    assert not thread.is_alive()
+
+    written = read_config(run_dir / CONFIG_FILE)
+    # The run's file holds what was asked; the parent only turns off the children's metrics servers.
+    assert written == replace(cfg, metrics_port=-1) == child_config(cfg)
+    for name in roles:
+        used = read_config(run_dir / f"{name}.config.json")
+        for f in dataclasses.fields(TrainConfig):
+            assert getattr(used, f.name) == getattr(written, f.name), f"{name}: {f.name}"
+    streams = read_run_config(run_dir / "streams.config.json")
+    assert streams["prepare"] == dataclasses.asdict(cfg.streams)
+    assert (streams["brokers"], streams["namespace"]["name"]) == (cfg.bus.bootstrap, cfg.bus.namespace)
+    assert (streams["topic_partitions"], streams["torch_threads"]) == (cfg.bus.partitions, cfg.torch_threads)
+    assert streams["app_id"].startswith(cfg.bus.namespace)
+
+
+def logs(run_dir: Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted(run_dir.glob("*.log")))
+
+
+def as_flags(cfg: TrainConfig) -> list[str]:
+    """``cfg`` as the command line of ``rlstream train``: the shared flags, then one generated flag
+    per field of ``TrainConfig`` and ``PrepareConfig``."""
+    argv = ["train", "--mode", cfg.mode, "--run-dir", str(cfg.run_dir), "--run-id", cfg.run_id,
+            "--bus", cfg.bus.kind, "--bootstrap", cfg.bus.bootstrap, "--namespace", cfg.bus.namespace,
+            "--log-dir", cfg.bus.log_dir, "--metrics-port", str(cfg.metrics_port), "--tensorboard", cfg.tensorboard,
+            "--wrappers", ",".join(cfg.wrappers)]
+    for k, v in cfg.algo_overrides.items():
+        argv += ["--set", f"{k}={json.dumps(v)}"]
+    entry = set(ENTRY_POINT_FIELDS)
+    for obj in (cfg, cfg.streams):
+        for f in dataclasses.fields(obj):
+            if f.name in entry or (obj is cfg.streams and f.name == "policy_id"):
+                continue
+            value, flag = getattr(obj, f.name), "--" + f.name.replace("_", "-")
+            argv += [flag if value else "--no-" + flag[2:]] if isinstance(value, bool) else [flag, str(value)]
+    return argv
+
+
+def test_every_field_is_a_flag_that_parses_back(tmp_path, monkeypatch):
+    cfg = every_field_set(tmp_path, "127.0.0.1:1")
+    monkeypatch.setenv("RLSTREAM_RETENTION", f"{SAMPLES_RAW}=1h")
+    parsed = train_config(build_parser().parse_args(as_flags(cfg)))
+    # bus.partitions is the one field without a flag: this process only creates topics for a run.
+    assert parsed == replace(cfg, bus=replace(cfg.bus, partitions=BusConfig().partitions))
+    assert set(ENTRY_POINT_FIELDS) == {"mode", "wrappers", "algo_overrides", "run_dir", "run_id", "tensorboard",
+                                       "metrics_port", "streams", "bus"}  # each has a shared flag above
+
+
+def test_a_config_file_of_another_schema_or_with_unknown_or_missing_fields_is_refused(tmp_path):
+    path = write_config(TrainConfig(run_dir=tmp_path), tmp_path / CONFIG_FILE)
+    assert read_config(path) == TrainConfig(run_dir=tmp_path)
+    doc = json.loads(path.read_text())
+    for change, reason in ((lambda d: d.update(schema=2), "schema 2"),
+                           (lambda d: d["config"].update(num_env=3), "unknown fields \\['num_env'\\]"),
+                           (lambda d: d["config"]["bus"].pop("namespace"), "missing fields \\['namespace'\\]")):
+        bad = json.loads(json.dumps(doc))
+        change(bad)
+        path.write_text(json.dumps(bad))
+        with pytest.raises(SystemExit, match=reason):
+            read_config(path)
