@@ -103,6 +103,12 @@ def _add_training(p: argparse.ArgumentParser) -> None:
                         "(--max-backlog; default: 4 learner batches or fragments)")
     p.add_argument("--torch-threads", type=int, default=None,
                    help="torch intra-op threads (default: 1 in decoupled role processes, torch's own co-located)")
+    p.add_argument("--partitions", type=int, default=1,
+                   help="partitions of the sample topics when they are created (keyed by actor id); "
+                        "existing topics with fewer are an error (docs/scaling.md)")
+    p.add_argument("--stream-workers", type=int, default=1, help="decoupled: Faust workers in the streams group")
+    p.add_argument("--max-restarts", type=int, default=3,
+                   help="decoupled: restarts of one role (with exponential backoff) before the run fails")
 
 
 def _add_time_travel(sub) -> None:
@@ -145,7 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("actor", help="decoupled actor process")
     _add_common(p)
     _add_training(p)
-    p.add_argument("--index", type=int, default=0, help="actor index (its id is actor-<index>)")
+    p.add_argument("--index", type=int, default=None,
+                   help="actor index (its id is actor-<index>); default: <host>-<generation>, the "
+                        "generation registered on the rl.actors topic (actor.identity)")
 
     p = sub.add_parser("learner", help="decoupled learner process")
     _add_common(p)
@@ -243,6 +251,7 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
     run_dir = resolve_run_dir(a.run_dir, run_id, a.resume) if mode == "colocated" else (
         a.run_dir or Path("runs") / "decoupled")
     bus = BusConfig.from_env(kind=a.bus or None, bootstrap=a.bootstrap, log_dir=a.log_dir, namespace=a.namespace)
+    bus = replace(bus, partitions=a.partitions)
     if a.command == "train" and mode == "decoupled":
         bus = replace(bus, namespace=train_namespace(bus.namespace, a.namespace, run_id, run_dir, a.resume))
     if mode == "colocated" and (a.bus or "memory") == "memory":
@@ -273,6 +282,7 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
         policy_id=a.policy_id, max_batches_per_version=a.max_batches_per_version, policy_wait_s=a.policy_wait,
         max_backlog=a.max_backlog, dynamic_fragments=not a.fixed_fragments, torch_threads=a.torch_threads,
         actor_steps=a.actor_steps, max_steps_ahead=a.max_steps_ahead,
+        stream_workers=a.stream_workers, max_restarts=a.max_restarts,
     )
 
 
