@@ -464,7 +464,7 @@ class KafkaBus(Bus):
                                                      request_timeout=timeout).values():
                 self._wait(fut, timeout + 5)
             self._known.pop(topic, None)
-        self._wait_topics({topic: total}, timeout)
+        self._wait_topics({topic: total}, timeout, growing=True)
 
     def delete_topics(self, names: Iterable[str], timeout: float = 30.0) -> None:
         """Delete topics (benchmarks and tests clean up after themselves); missing ones are fine."""
@@ -521,9 +521,11 @@ class KafkaBus(Bus):
                     raise
                 time.sleep(0.2)
 
-    def _wait_topics(self, want: dict[str, int], timeout: float) -> None:
+    def _wait_topics(self, want: dict[str, int], timeout: float, growing: bool = False) -> None:
         """Poll metadata until every topic has a leader for each of (at least) its partitions:
-        ``create_topics`` returns only then, so the first produce or offset read finds them."""
+        ``create_topics`` returns only then, so the first produce or offset read finds them. An
+        existing topic with fewer partitions raises ``FewerPartitionsError`` (``growing``: waits
+        for the ones being added)."""
         deadline = time.monotonic() + timeout
         pending = dict(want)
         while True:
@@ -536,6 +538,8 @@ class KafkaBus(Bus):
                     p.leader >= 0 and p.error is None for p in md.partitions.values()
                 ):
                     if len(md.partitions) < pending[name]:
+                        if growing:
+                            continue
                         raise FewerPartitionsError(name, len(md.partitions), pending[name])
                     self._known[name] = len(md.partitions)
                     del pending[name]
