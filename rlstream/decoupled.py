@@ -101,7 +101,10 @@ def run_actor(cfg: TrainConfig, index: int | None, log: Any = None, stop: thread
     latencies: deque[float] = deque(maxlen=100_000)
     tb = TensorBoardRun(cfg.tensorboard, cfg.effective_run_id(), name)
 
+    collect_s = [0.0]  # time spent collecting and publishing (waits left out): the actor's own rate
+
     def on_batch(batch, seconds: float) -> None:
+        collect_s[0] += seconds
         progress.on_batch(batch.size, batch.episode_returns, 0)
         progress.version = batch.policy_version
         bind_policy_version(batch.policy_version)
@@ -132,6 +135,7 @@ def run_actor(cfg: TrainConfig, index: int | None, log: Any = None, stop: thread
     learning.update(progress.write(cfg.run_dir / name, cfg.plot,
                                    f"{cfg.algo} on {cfg.env_id} (decoupled, {name})"))
     return {"role": "actor", "actor_id": actor.config.actor_id, "steps": progress.steps, "seq": actor.seq, **learning,
+            "collect_s": round(collect_s[0], 3),
             "rejected_fragments": actor.rejected, "policy_versions_adopted": actor.subscriber.adopted,
             "flow": flow.stats(), "policy_latency_ms": quantiles_ms(latencies)}
 
