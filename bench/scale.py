@@ -5,9 +5,10 @@ group, M actor processes; sample topics with ``--partitions`` partitions, defaul
 the single-process co-located run on the same settings as the baseline. Per run it reports:
 
 - ``sps_steady``: samples trained per second by updates 2..N (GradientStep events; start-up left
-  out), and ``sps_produced``: samples the actors published per second over the same span;
+  out), and ``sps_produced``: samples the actors published per second, first to last batch;
 - per-component figures for the model of docs/scaling.md: the learner's mean update time
-  (``learner_step_s``, from GradientStep start/finish), one actor's own rate (``actor_sps``,
+  (``learner_step_s``, from GradientStep start/finish; ``learner_capacity_sps`` = samples per
+  update / that), one actor's own rate (``actor_sps``,
   steps / the time it spent collecting and publishing, waits left out), the sample bytes per record and the broker write rate per partition
   (``raw_mb_per_s_per_partition``), and the policy fan-out (PolicyVersion bytes x readers / s).
 
@@ -58,15 +59,20 @@ def figures(bootstrap: str, ns: Namespace, partitions: int, readers: int) -> dic
         return {"sps_steady": None, "updates": len(steps)}
     t0, t1 = steps[0].finished_at_ms, steps[-1].finished_at_ms
     dt = (t1 - t0) / 1e3
-    in_span = [(n, b) for n, b in raw if t0 <= b.created_at_ms <= t1]
-    raw_bytes = sum(n for n, _ in in_span)
+    made = sorted(b.created_at_ms for _, b in raw)
+    produce_s = max(1e-3, (made[-1] - made[0]) / 1e3) if made else 1e-3
+    raw_bytes = sum(n for n, _ in raw)
+    step_s = sum(g.finished_at_ms - g.started_at_ms for g in steps) / len(steps) / 1e3
+    update_samples = sum(g.num_samples for g in steps) / len(steps)
     return {
         "updates": len(steps),
         "sps_steady": round(sum(g.num_samples for g in steps[1:]) / dt, 1),
-        "sps_produced": round(sum(b.size for _, b in in_span) / dt, 1),
-        "learner_step_s": round(sum(g.finished_at_ms - g.started_at_ms for g in steps) / len(steps) / 1e3, 4),
+        "sps_produced": round(sum(b.size for _, b in raw) / produce_s, 1),
+        "learner_step_s": round(step_s, 4),
+        "update_samples": round(update_samples, 1),
+        "learner_capacity_sps": round(update_samples / step_s, 1),
         "sample_record_bytes": round(sum(n for n, _ in raw) / max(1, len(raw))),
-        "raw_mb_per_s_per_partition": round(raw_bytes / dt / 1e6 / partitions, 4),
+        "raw_mb_per_s_per_partition": round(raw_bytes / produce_s / 1e6 / partitions, 4),
         "policy_record_bytes": round(sum(policy_bytes) / max(1, len(policy_bytes))),
         "policy_fanout_mb_per_s": round(sum(policy_bytes) * readers / dt / 1e6, 4),
         "train_loop_s": round(dt, 2),
