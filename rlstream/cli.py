@@ -73,6 +73,9 @@ def _add_training(p: argparse.ArgumentParser) -> None:
                    help="default: runs/<run-id> (runs/latest links to it); with --resume: runs/latest")
     p.add_argument("--tensorboard", nargs="?", const="", default="", metavar="DIR",
                    help="TensorBoard event files, one run per role (default: <run-dir>/tb; 'off' disables)")
+    p.add_argument("--partitions", type=int, default=None,
+                   help="partitions of the sample topics when they are created (keyed by actor id); "
+                        "existing topics with fewer are an error (docs/scaling.md); default 1")
 
 
 def parse_training(a: argparse.Namespace, argv: list[str]) -> None:
@@ -155,7 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("actor", help="decoupled actor process", add_help=False, allow_abbrev=False)
     _add_common(p)
     _add_training(p)
-    p.add_argument("--index", type=int, default=0, help="actor index (its id is actor-<index>)")
+    p.add_argument("--index", type=int, default=None,
+                   help="actor index (its id is actor-<index>); default: <host>-<generation>, the "
+                        "generation registered on the rl.actors topic (actor.identity)")
 
     p = sub.add_parser("learner", help="decoupled learner process", add_help=False, allow_abbrev=False)
     _add_common(p)
@@ -260,6 +265,7 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
     run_dir = resolve_run_dir(a.run_dir, run_id, base.resume) if mode == "colocated" else (
         a.run_dir or Path("runs") / "decoupled")
     bus = BusConfig.from_env(kind=a.bus or None, bootstrap=a.bootstrap, log_dir=a.log_dir, namespace=a.namespace)
+    bus = replace(bus, partitions=a.partitions)
     if a.command == "train" and mode == "decoupled":
         bus = replace(bus, namespace=train_namespace(bus.namespace, a.namespace, run_id, run_dir, base.resume))
     if mode == "colocated" and (a.bus or "memory") == "memory":
@@ -346,6 +352,8 @@ def cmd_role(a: argparse.Namespace) -> int:
 
     config = a.config or os.environ.get(ENV_CONFIG)
     cfg = read_config(config) if config else train_config(a, default_bus="kafka")
+    if config and getattr(a, "train", None) is not None and a.train.resume:
+        cfg = replace(cfg, resume=True)  # a supervised restart: the run's config, resumed
     role = a.command
     configure_logging(role=role, run_id=cfg.effective_run_id(), level=a.log_level, json=a.log_json)
     log = get_logger(f"rlstream.{role}")

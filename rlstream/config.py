@@ -170,6 +170,12 @@ class TrainConfig:
     """Intra-op threads of torch in this process; None: 1 in the decoupled role processes (they
     share the machine: small-MLP updates on contended cores run several times slower with more),
     torch's default in co-located mode."""
+    stream_workers: int = 1
+    """Decoupled: Faust workers ``rlstream train --mode decoupled`` starts in the streams group
+    (they split the partitions of rl.samples.raw, ``--partitions``)."""
+    max_restarts: int = 3
+    """Decoupled: restarts of one role after it dies (backoff 1 s, doubling to 30 s) before the
+    run fails naming its log file."""
     bus: EntryPoint[BusConfig] = field(default_factory=BusConfig)
 
     def __post_init__(self) -> None:

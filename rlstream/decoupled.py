@@ -64,16 +64,26 @@ def state_path(cfg: TrainConfig, name: str) -> Path:
     return cfg.run_dir / f"{name}.state.json"
 
 
-def run_actor(cfg: TrainConfig, index: int, log: Any = None, stop: threading.Event | None = None,
+def run_actor(cfg: TrainConfig, index: int | None, log: Any = None, stop: threading.Event | None = None,
               metrics: Metrics | None = None, health: Any = None) -> dict[str, Any]:
     """Collect and publish fragments until ``stop`` or until the actor's step budget
     (``cfg.actor_budget()``) is spent, under the algorithm's flow control (``wiring.build_flow``):
-    the loop heartbeats while it waits for a policy version, room, or a stalled learner."""
-    write_effective_config(cfg, f"actor-{index}")
+    the loop heartbeats while it waits for a policy version, room, or a stalled learner.
+    ``index`` None: the id is ``<host>-<generation>`` (``actor.identity.register``)."""
     _set_threads(cfg)
     stop = stop or threading.Event()
     metrics = metrics or Metrics(role="actor")
     bus = wiring.build_bus(cfg.bus)
+    if index is None:
+        from actor.identity import register
+
+        ident = register(bus)
+        name, index = ident.actor_id, ident.generation
+        if log is not None:
+            log.info("actor_registered", actor_id=name, host=ident.host, generation=ident.generation)
+    else:
+        name = f"actor-{index}"
+    write_effective_config(cfg, name)
     events = wiring.build_events(bus, metrics)
     flow = wiring.build_flow(cfg, bus, metrics, log)
 
@@ -82,11 +92,14 @@ def run_actor(cfg: TrainConfig, index: int, log: Any = None, stop: threading.Eve
                 "steps_ahead": flow.gate.steps_ahead, "budget": flow.budget}
 
     progress = Progress(total_steps=cfg.actor_budget(), log_every_s=cfg.log_every_s, log=log, extra=stall,
-                        state_path=state_path(cfg, f"actor-{index}"))
+                        state_path=state_path(cfg, name))
     latencies: deque[float] = deque(maxlen=100_000)
-    tb = TensorBoardRun(cfg.tensorboard, cfg.effective_run_id(), f"actor-{index}")
+    tb = TensorBoardRun(cfg.tensorboard, cfg.effective_run_id(), name)
+
+    collect_s = [0.0]  # time spent collecting and publishing (waits left out): the actor's own rate
 
     def on_batch(batch, seconds: float) -> None:
+        collect_s[0] += seconds
         progress.on_batch(batch.size, batch.episode_returns, 0)
         progress.version = batch.policy_version
         bind_policy_version(batch.policy_version)
@@ -94,7 +107,7 @@ def run_actor(cfg: TrainConfig, index: int, log: Any = None, stop: threading.Eve
         tb.sps(progress.steps)
 
     actor = wiring.build_actor(cfg, events, metrics, index, on_batch=on_batch, log=log, flow=flow,
-                               on_latency=latencies.append)
+                               on_latency=latencies.append, actor_id=name)
     if health is not None:
         health.register("policy", lambda: (actor.subscriber.policy is not None,
                                            {"version": actor.subscriber.version}))
@@ -109,11 +122,12 @@ def run_actor(cfg: TrainConfig, index: int, log: Any = None, stop: threading.Eve
         bus.close()
         tb.close()
     learning = {k: v for k, v in progress.summary().items() if k in ("return_mean20", "first_returns_mean")}
-    learning.update(progress.write(cfg.run_dir / f"actor-{index}", cfg.plot,
-                                   f"{cfg.algo} on {cfg.env_id} (decoupled, actor-{index})"))
-    summary = {**actor.summary(), "steps": progress.steps, **learning,
+    learning.update(progress.write(cfg.run_dir / name, cfg.plot,
+                                   f"{cfg.algo} on {cfg.env_id} (decoupled, {name})"))
+    summary = {**actor.summary(), "actor_id": actor.config.actor_id, "steps": progress.steps, **learning,
+               "collect_s": round(collect_s[0], 3),
                "flow": flow.stats(), "policy_latency_ms": quantiles_ms(latencies)}
-    write_summary(cfg.run_dir, f"actor-{index}", summary)
+    write_summary(cfg.run_dir, name, summary)
     return summary
 
 
@@ -205,8 +219,8 @@ def child_commands(cfg: TrainConfig, config_path: Path) -> dict[str, list[str]]:
         return [sys.executable, "-m", "rlstream.cli", name, "--config", str(config_path), "--log-json", *extra]
 
     cmds = {"learner": role("learner"),
-            "streams": [sys.executable, "-m", "faust", "-A", "streams", "--datadir", str(cfg.run_dir / "streams-data"),
-                        "worker", "-l", "warn", "--without-web"]}
+            "streams": streams_cmd(cfg, 0)}
+    cmds.update({f"streams-{i}": streams_cmd(cfg, i) for i in range(1, max(1, cfg.stream_workers))})
     cmds.update({f"actor-{i}": role("actor", "--index", str(i)) for i in range(cfg.num_actors)})
     return cmds
 
@@ -228,9 +242,9 @@ def write_effective_config(cfg: TrainConfig, name: str) -> Path:
 class ChildExited(RuntimeError):
     """A process of a decoupled run died; the message names its log file and exit code."""
 
-    def __init__(self, name: str, code: int, log_path: Path) -> None:
+    def __init__(self, name: str, code: int, log_path: Path, note: str = "") -> None:
         tail = _tail(log_path, 5)
-        super().__init__(f"{name} exited with code {code}; see its log {log_path}"
+        super().__init__(f"{name} exited with code {code}{' ' + note if note else ''}; see its log {log_path}"
                          + ("\n  last lines:\n    " + "\n    ".join(tail) if tail else ""))
         self.name, self.code, self.log_path = name, code, log_path
 
@@ -247,8 +261,10 @@ class RunMonitor:
     """Progress lines of a decoupled run, like co-located mode's, from the children's state files
     (``Progress.state_path``) and the groups' lags on the bus."""
 
-    def __init__(self, cfg: TrainConfig, bus: Any, actors: list[str], log: Any = None) -> None:
+    def __init__(self, cfg: TrainConfig, bus: Any, actors: list[str], log: Any = None,
+                 restarts: dict[str, int] | None = None) -> None:
         self.cfg, self.bus, self.actors, self.log = cfg, bus, actors, log
+        self.restarts = restarts if restarts is not None else {}  # role -> restarts so far (live)
         self._last = (time.perf_counter(), 0)
 
     def _lag(self, group: str, topic: str) -> int | None:
@@ -281,6 +297,7 @@ class RunMonitor:
             "consumer_lag_prepared": self._lag(LEARNER_GROUP, SAMPLES_PREPARED),
             "stalled": sorted(n for n, st in states.items() if st.get("stalled")),
             "learner_idle_s": learner.get("idle_s"),
+            "restarts": {n: k for n, k in sorted(self.restarts.items()) if k},
         }
 
     def log_line(self) -> dict[str, Any]:
@@ -295,11 +312,86 @@ class RunMonitor:
         return fields
 
 
+class Supervisor:
+    """The children of a local decoupled run, restarted as Kubernetes would: a role that dies is
+    started again after a backoff (``BACKOFF_S``, doubling up to ``BACKOFF_MAX_S``), at most
+    ``max_restarts`` times per role; one more death raises ``ChildExited`` naming its log.
+    An actor that exits 0 has spent its budget and stays down; a restarted learner resumes from
+    its newest snapshot and committed offsets (``--resume``); its log files are appended to."""
+
+    BACKOFF_S = 1.0
+    BACKOFF_MAX_S = 30.0
+
+    def __init__(self, env: dict[str, str], log_dir: Path, max_restarts: int, log: Any = None) -> None:
+        self.env, self.log_dir, self.max_restarts, self.log = env, log_dir, max_restarts, log
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.cmds: dict[str, list[str]] = {}
+        self.restarts: dict[str, int] = {}
+        self.pending: dict[str, float] = {}  # role -> monotonic time of its restart
+
+    def log_path(self, name: str) -> Path:
+        return self.log_dir / f"{name}.log"
+
+    def spawn(self, name: str, cmd: list[str]) -> None:
+        self.cmds[name] = cmd
+        mode = "a" if name in self.procs else "w"
+        self.procs[name] = subprocess.Popen(cmd, stdout=self.log_path(name).open(mode), stderr=subprocess.STDOUT,
+                                            env=self.env, start_new_session=True)
+
+    def check(self, done_ok: set[str]) -> None:
+        """Schedule a restart of each role that died (exit 0 of a role in ``done_ok`` is done),
+        and start those whose backoff is over; raises ``ChildExited`` past the bound."""
+        now = time.monotonic()
+        for name, p in self.procs.items():
+            code = p.poll()
+            if code is None or name in self.pending or (code == 0 and name in done_ok):
+                continue
+            n = self.restarts.get(name, 0) + 1
+            if n > self.max_restarts:
+                raise ChildExited(name, code, self.log_path(name),
+                                  note=f"after {n - 1} restart(s) (--max-restarts {self.max_restarts})")
+            delay = min(self.BACKOFF_MAX_S, self.BACKOFF_S * 2 ** (n - 1))
+            self.restarts[name] = n
+            self.pending[name] = now + delay
+            if self.log is not None:
+                self.log.warning("role_restarting", role=name, exit_code=code, restart=n,
+                                 max_restarts=self.max_restarts, backoff_s=delay, log=str(self.log_path(name)))
+        for name, at in list(self.pending.items()):
+            if now >= at:
+                del self.pending[name]
+                cmd = self.cmds[name]
+                if name == "learner" and "--resume" not in cmd:
+                    cmd = cmd + ["--resume"]  # continue from the newest snapshot, not from version 0
+                self.spawn(name, cmd)
+
+    def alive(self, name: str) -> bool:
+        return name in self.pending or self.procs[name].poll() is None
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def streams_cmd(cfg: TrainConfig, index: int) -> list[str]:
+    """The Faust worker ``index`` of a local run (its own data dir; no web server)."""
+    data = cfg.run_dir / ("streams-data" if index == 0 else f"streams-data-{index}")
+    return [sys.executable, "-m", "faust", "-A", "streams", "--datadir", str(data), "worker", "-l", "warn",
+            "--without-web"]
+
+
 def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | None = None) -> dict[str, Any]:
-    """Start the learner, the Faust worker and ``num_actors`` actors in ``cfg.bus.namespace``;
-    print progress every ``log_every_s``; wait for the learner. Actors stop at their budget;
-    once all have, the learner trains on what is left until it makes no more progress for
-    ``drain_s``. Any other exit raises ``ChildExited``."""
+    """Start the learner, ``stream_workers`` Faust workers and ``num_actors`` actors in
+    ``cfg.bus.namespace``; print progress every ``log_every_s``; wait for the learner. Actors stop
+    at their budget; once all have, the learner trains on what is left until it makes no more
+    progress for ``drain_s``. A role that dies is restarted (``Supervisor``) up to
+    ``max_restarts`` times, then ``ChildExited`` is raised."""
     stop = stop or threading.Event()
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     (cfg.run_dir / NAMESPACE_FILE).write_text(cfg.bus.namespace + "\n")
@@ -307,44 +399,32 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
         old.unlink()  # a previous run's figures are not this run's
     clear_summaries(cfg.run_dir)
     config_path = write_config(child_config(cfg), cfg.run_dir / CONFIG_FILE)
-    env = child_env(cfg, config_path)
-    procs: dict[str, subprocess.Popen] = {}
-
-    def log_path(name: str) -> Path:
-        return cfg.run_dir / f"{name}.log"
-
-    def spawn(name: str, cmd: list[str]) -> None:
-        procs[name] = subprocess.Popen(cmd, stdout=log_path(name).open("w"), stderr=subprocess.STDOUT, env=env,
-                                       start_new_session=True)
+    sup = Supervisor(child_env(cfg, config_path), cfg.run_dir, cfg.max_restarts, log)
+    procs = sup.procs
 
     bus = wiring.build_bus(cfg.bus)  # create the topics before anyone subscribes; read lags from it
     actors = [f"actor-{i}" for i in range(cfg.num_actors)]
-    monitor = RunMonitor(cfg, bus, actors, log)
+    monitor = RunMonitor(cfg, bus, actors, log, restarts=sup.restarts)
     drain_s = max(30.0, 3 * cfg.log_every_s)
     rc, ended = None, "stopped"  # why the run ended: learner_done, drained or stopped (a signal)
     try:
         for name, cmd in child_commands(cfg, config_path).items():
-            spawn(name, cmd)
+            sup.spawn(name, cmd)
         if log is not None:
             log.info("decoupled_started", processes=sorted(procs), logs=str(cfg.run_dir),
-                     namespace=cfg.bus.namespace or "(legacy)")
+                     namespace=cfg.bus.namespace or "(legacy)", partitions=cfg.bus.partitions,
+                     max_restarts=cfg.max_restarts)
         next_line = time.monotonic() + cfg.log_every_s
         drained: tuple[int, float] | None = None  # (learner updates, since) once every actor is done
         while not stop.is_set():
-            rc = procs["learner"].poll()
-            if rc is not None:
-                if rc != 0:
-                    raise ChildExited("learner", rc, log_path("learner"))
-                ended = "learner_done"
+            if "learner" not in sup.pending and procs["learner"].poll() == 0:
+                rc, ended = 0, "learner_done"
                 break
-            for name, p in procs.items():
-                code = p.poll()
-                if code is not None and not (name in actors and code == 0):  # 0: spent its budget
-                    raise ChildExited(name, code, log_path(name))
+            sup.check(done_ok={"learner", *actors})  # 0: the learner or an actor spent its budget
             if time.monotonic() >= next_line:
                 next_line = time.monotonic() + cfg.log_every_s
                 updates = monitor.log_line()["updates"]
-                if all(procs[n].poll() == 0 for n in actors):
+                if not any(sup.alive(n) for n in actors):
                     if drained is None or drained[0] != updates:
                         drained = (updates, time.monotonic())
                     elif time.monotonic() - drained[1] > drain_s:
@@ -357,18 +437,10 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
         monitor.log_line()
     finally:
         bus.close()
-        for name, p in procs.items():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for name, p in procs.items():
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        sup.stop()
     summaries = read_summaries(cfg.run_dir, procs)
     summary = {"mode": "decoupled", "namespace": cfg.bus.namespace, "ended": ended, "learner_exit": rc,
-               "processes": summaries,
+               "processes": summaries, "restarts": dict(sup.restarts),
                "exit_codes": {n: p.returncode for n, p in procs.items()}}
     (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -130,7 +130,9 @@ def actor_seed(run_seed: int, index: int) -> int:
 
 
 def build_actor(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, index: int,
-                on_batch=None, log=None, flow=None, on_latency=None) -> Actor:
+                on_batch=None, log=None, flow=None, on_latency=None, actor_id: str | None = None) -> Actor:
+    """Actor ``index`` (its seed; its id ``actor-<index>`` unless ``actor_id`` is given)."""
+    actor_id = actor_id or f"actor-{index}"
     extra_latency = on_latency
 
     def on_latency(s: float) -> None:
@@ -152,13 +154,13 @@ def build_actor(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, ind
             on_batch(batch, seconds)
 
     blob = RedisBlobStore(cfg.redis()) if cfg.redis() else None
-    sub = PolicySubscriber(events, policy_id=cfg.policy_id, stage=f"actor-{index}", on_latency=on_latency,
+    sub = PolicySubscriber(events, policy_id=cfg.policy_id, stage=actor_id, on_latency=on_latency,
                            blob_store=blob)
     g = group_size(cfg)
     num_envs = cfg.num_envs
     if g and num_envs % g:
         raise ValueError(f"--num-envs {num_envs} must be a multiple of the group size {g} for {cfg.algo}")
-    acfg = ActorConfig(actor_id=f"actor-{index}", env_id=cfg.env_id, num_envs=num_envs,
+    acfg = ActorConfig(actor_id=actor_id, env_id=cfg.env_id, num_envs=num_envs,
                        fragment_steps=cfg.effective_fragment_steps(), seed=actor_seed(cfg.seed, index),
                        group_size=g, wrappers=tuple(cfg.wrappers), swap_every=SWAP_EVERY if (cfg.mode == "decoupled" and not g
                                                                and not is_on_policy(cfg.algo)) else 0)

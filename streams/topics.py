@@ -22,6 +22,8 @@ LEARNER_STEPS = "rl.learner.steps"
 PREFERENCES = "rl.preferences"
 DEADLETTER = "rl.deadletter"
 SCHEMAS = "rl.schemas"
+#: Actor registrations (``actor.identity``): one partition, so offsets number the generations.
+ACTORS = "rl.actors"
 
 # Header of a PolicyVersion record: time.time_ns() when it was published; followers measure
 # policy latency (publish -> adoption) from it.
@@ -89,6 +91,8 @@ TOPICS: dict[str, TopicSpec] = {
         _spec(PREFERENCES, "env_id"),
         _spec(DEADLETTER, "original key"),
         TopicSpec(SCHEMAS, key="schema fingerprint", compacted=True,
+                  config={"cleanup.policy": "compact", "max.message.bytes": "1048576"}),
+        TopicSpec(ACTORS, key="host or pod name", compacted=True,
                   config={"cleanup.policy": "compact", "max.message.bytes": "1048576"}),
     )
 }

@@ -290,6 +290,22 @@ def retrying(what: str, call: Any, timeout: float = _TIMEOUT, on_retry: Any = No
         pause = min(pause * 2, 0.5)
 
 
+class FewerPartitionsError(BusError):
+    """A topic exists with fewer partitions than asked (``--partitions``). Kafka cannot shrink
+    a topic, and adding partitions moves keys (actor ids) to other partitions, so per-actor order
+    across the change would not hold: use a new namespace, or add them between runs on purpose
+    (``KafkaBus.add_partitions``; docs/scaling.md)."""
+
+    def __init__(self, topic: str, have: int, want: int) -> None:
+        super().__init__(
+            f"topic {topic} exists with {have} partition(s), {want} asked (--partitions {want}); "
+            f"start a new namespace (--namespace) for {want}, or add partitions to the existing "
+            f"topic between runs (KafkaBus.add_partitions / kafka-topics.sh --alter --partitions {want}): "
+            f"records already written stay where they are and new ones of a key may land on another "
+            f"partition, so per-actor order holds only after the change (docs/scaling.md)")
+        self.topic, self.have, self.want = topic, have, want
+
+
 class KafkaBus(Bus):
     name = "kafka"
 
@@ -438,6 +454,18 @@ class KafkaBus(Bus):
         self._auth_ok()
         self._wait_topics({s.name: max(1, s.partitions) for s in specs}, timeout)
 
+    def add_partitions(self, topic: str, total: int, timeout: float = 30.0) -> None:
+        """Grow ``topic`` to ``total`` partitions (Kafka cannot shrink one). Keys hash to new
+        partitions afterwards: run it between runs, when no actor is producing."""
+        from confluent_kafka.admin import NewPartitions
+
+        if self._partitions(topic, create=False) < total:
+            for fut in self._admin.create_partitions([NewPartitions(topic, total)],
+                                                     request_timeout=timeout).values():
+                self._wait(fut, timeout + 5)
+            self._known.pop(topic, None)
+        self._wait_topics({topic: total}, timeout, growing=True)
+
     def delete_topics(self, names: Iterable[str], timeout: float = 30.0) -> None:
         """Delete topics (benchmarks and tests clean up after themselves); missing ones are fine."""
         names = list(names)
@@ -493,9 +521,11 @@ class KafkaBus(Bus):
                     raise
                 time.sleep(0.2)
 
-    def _wait_topics(self, want: dict[str, int], timeout: float) -> None:
+    def _wait_topics(self, want: dict[str, int], timeout: float, growing: bool = False) -> None:
         """Poll metadata until every topic has a leader for each of (at least) its partitions:
-        ``create_topics`` returns only then, so the first produce or offset read finds them."""
+        ``create_topics`` returns only then, so the first produce or offset read finds them. An
+        existing topic with fewer partitions raises ``FewerPartitionsError`` (``growing``: waits
+        for the ones being added)."""
         deadline = time.monotonic() + timeout
         pending = dict(want)
         while True:
@@ -508,8 +538,9 @@ class KafkaBus(Bus):
                     p.leader >= 0 and p.error is None for p in md.partitions.values()
                 ):
                     if len(md.partitions) < pending[name]:
-                        log.warning("topic %s exists with %d partitions (spec wants %d)",
-                                    name, len(md.partitions), pending[name])
+                        if growing:
+                            continue
+                        raise FewerPartitionsError(name, len(md.partitions), pending[name])
                     self._known[name] = len(md.partitions)
                     del pending[name]
             if not pending:

@@ -218,12 +218,12 @@ def state_path_of(run_dir: Path, name: str) -> Path:
     return state_path(TrainConfig(run_dir=run_dir), name)
 
 
-def test_a_dead_child_fails_the_run_naming_its_log(kafka_bootstrap, namespace, tmp_path):
+def test_a_dead_child_past_its_restarts_fails_the_run_naming_its_log(kafka_bootstrap, namespace, tmp_path):
     run_dir, out = tmp_path / "run", tmp_path / "train.out"
     ns = namespace()
     cmd = cli("train", "--mode", "decoupled", "--algo", "ppo", "--env", ENV_ID, "--total-steps", "1000000",
               "--bootstrap", kafka_bootstrap, "--run-dir", str(run_dir), "--metrics-port", "-1",
-              "--log-every", "1", "--namespace", ns)
+              "--log-every", "1", "--namespace", ns, "--max-restarts", "0")
     p = subprocess.Popen(cmd, cwd=str(ROOT), env=child_env(), stdout=out.open("w"), stderr=subprocess.STDOUT)
     try:
         state = wait_for(lambda: read_state(state_path_of(run_dir, "actor-0")), 300, "the actor's first progress")
@@ -233,7 +233,8 @@ def test_a_dead_child_fails_the_run_naming_its_log(kafka_bootstrap, namespace, t
         if p.poll() is None:
             p.kill()
     text = out.read_text()
-    assert f"error: actor-0 exited with code -9; see its log {run_dir / 'actor-0.log'}" in text, text[-3000:]
+    assert (f"error: actor-0 exited with code -9 after 0 restart(s) (--max-restarts 0); "
+            f"see its log {run_dir / 'actor-0.log'}") in text, text[-3000:]
 
 
 def test_the_run_ends_once_actors_spent_their_budget_and_the_learner_is_idle(kafka_bootstrap, namespace, tmp_path):

@@ -254,7 +254,7 @@ def workloads(k8s_docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def deployments(k8s_docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Workloads (Deployments and the actor StatefulSet) by role."""
+    """Workloads by role."""
     out = {}
     for d in workloads(k8s_docs):
         (container,) = d["spec"]["template"]["spec"]["containers"]
@@ -295,19 +295,11 @@ def test_k8s_deployments_ports_probes_env_annotations(k8s_docs: list[dict[str, A
     assert deps["learner"]["kind"] == "Deployment"
 
 
-def test_k8s_actors_get_distinct_indices(k8s_docs: list[dict[str, Any]]) -> None:
+def test_k8s_actors_are_a_deployment_without_indices(k8s_docs: list[dict[str, Any]]) -> None:
     actor = deployments(k8s_docs)["actor"]
-    assert actor["kind"] == "StatefulSet"  # stable ordinal per pod
+    assert actor["kind"] == "Deployment"  # interchangeable pods: ids come from rl.actors (actor.identity)
     (c,) = actor["spec"]["template"]["spec"]["containers"]
-    i = c["command"].index("--index")
-    assert c["command"][i + 1] == "$(RLSTREAM_ACTOR_INDEX)"
-    env = {e["name"]: e for e in c["env"]}
-    field = env["RLSTREAM_ACTOR_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
-    assert field == "metadata.labels['apps.kubernetes.io/pod-index']"
-    services = {s["metadata"]["name"]: s for s in by_kind(k8s_docs, "Service")}
-    headless = services[actor["spec"]["serviceName"]]
-    assert headless["spec"]["clusterIP"] == "None"
-    assert headless["spec"]["selector"].items() <= actor["spec"]["template"]["metadata"]["labels"].items()
+    assert c["command"][:2] == ["rlstream", "actor"] and "--index" not in c["command"]
 
 
 def test_k8s_inference_service(k8s_docs: list[dict[str, Any]]) -> None:
