@@ -80,7 +80,11 @@ def _add_training(p: argparse.ArgumentParser) -> None:
                    help="write <run-dir>/returns.png (default: on)")
     p.add_argument("--tensorboard", nargs="?", const="", default="", metavar="DIR",
                    help="TensorBoard event files, one run per role (default: <run-dir>/tb; 'off' disables)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, or one per learner rank: cuda:0,1,2,3")
+    p.add_argument("--learners", type=int, default=None,
+                   help="data-parallel learner ranks (default: one per --device listed)")
+    p.add_argument("--grad-compression", choices=["none", "fp16", "bf16"], default="none",
+                   help="gradient all-reduce compression between learner ranks")
     p.add_argument("--max-versions", type=int, default=None, help="staleness window K")
     p.add_argument("--max-ms", type=int, default=None, help="staleness window T (ms)")
     p.add_argument("--log-every", type=float, default=5.0)
@@ -268,7 +272,7 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
         train_batch_size=a.train_batch_size, seed=a.seed, group_size=a.group_size,
         algo_overrides=_kv(a.set), run_dir=run_dir, run_id=run_id, snapshot_store=a.snapshot_store,
         snapshot_every=a.snapshot_every, resume=a.resume, plot=a.plot, metrics_port=a.metrics_port,
-        log_every_s=a.log_every, device=a.device,
+        log_every_s=a.log_every, device=a.device, learners=a.learners, grad_compression=a.grad_compression,
         streams=PrepareConfig.for_algo(a.algo, policy_id=a.policy_id, **streams_overrides), bus=bus,
         policy_id=a.policy_id, max_batches_per_version=a.max_batches_per_version, policy_wait_s=a.policy_wait,
         max_backlog=a.max_backlog, dynamic_fragments=not a.fixed_fragments, torch_threads=a.torch_threads,
@@ -341,22 +345,32 @@ def cmd_role(a: argparse.Namespace) -> int:
     from rlstream.obs.logging import configure_logging, get_logger
     from rlstream.obs.metrics import Metrics
 
+    from learner import distributed
+
     cfg = train_config(a, default_bus="kafka")
     role = a.command
+    world = len(distributed.parse_devices(cfg.device, cfg.learners)) if role == "learner" else 1
+    if world > 1 and not distributed.is_rank_process():  # the launcher: one process per rank
+        code = distributed.launch_ranks(["-m", "rlstream.cli", *a.argv], world)
+        return code if code >= 0 else 1
+    rank = distributed.RankEnv.from_environ().rank
     configure_logging(role=role, run_id=cfg.effective_run_id(), level=a.log_level, json=a.log_json)
     log = get_logger(f"rlstream.{role}")
     stop = _stop_on_signals()
     metrics = Metrics(role=role)
-    server, health = _serve_metrics(metrics, cfg.metrics_port, role)
+    server, health = _serve_metrics(metrics, cfg.metrics_port if rank == 0 else -1, role)
     try:
         if role == "actor":
             summary = decoupled.run_actor(cfg, a.index, log=log, stop=stop, metrics=metrics, health=health)
         else:
             summary = decoupled.run_learner(cfg, log=log, stop=stop, metrics=metrics, health=health)
+    except distributed.PeerLost as e:
+        log.error("peer_lost", error=str(e), note="the group stops; a restart resumes from its last snapshot")
+        return distributed.EXIT_PEER_LOST
     finally:
         if server is not None:
             server.stop()
-    print(json.dumps({"summary": summary}))
+    print(json.dumps({"summary" if rank == 0 else "rank_summary": summary}))
     return 0
 
 
@@ -473,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return broker_main(argv[1:])
     a = build_parser().parse_args(argv)
+    a.argv = argv
     handlers = {"train": cmd_train, "actor": cmd_role, "learner": cmd_role, "subscribe": cmd_subscribe,
                 "replay": cmd_replay, "rollback": cmd_rollback, "serve": cmd_serve, "eval": cmd_eval,
                 "verify": cmd_time_travel, "fork": cmd_time_travel, "lineage": cmd_time_travel}

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -128,22 +129,30 @@ def run_actor(cfg: TrainConfig, index: int, log: Any = None, stop: threading.Eve
 
 def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None = None,
                 metrics: Metrics | None = None, health: Any = None) -> dict[str, Any]:
+    from learner import distributed
     from learner.circuit_breaker import CircuitBreaker
 
     _set_threads(cfg)
     stop = stop or threading.Event()
     metrics = metrics or Metrics(role="learner")
+    rank = distributed.RankEnv.from_environ()
+    if rank.world_size > 1:  # one of N data-parallel ranks (docs/learners.md)
+        device = distributed.parse_devices(cfg.device, cfg.learners or rank.world_size)[rank.local_rank]
+        cfg = replace(cfg, device=device, tensorboard=cfg.tensorboard if rank.rank == 0 else None)
     bus = wiring.build_bus(cfg.bus)
     events = wiring.build_events(bus, metrics)
     info = wiring.env_info(cfg)
     algo = wiring.build_algo(cfg, info.obs_dim, info.act_dim, info.nvec)
+    parallel = None
+    if rank.world_size > 1:
+        parallel = distributed.DataParallel.from_env(algo, cfg.grad_compression, stop=stop.is_set)
     last_update = [time.monotonic()]
 
     def idle() -> dict[str, Any]:  # a learner without data for long is the sign of a stalled run
         return {"idle_s": round(time.monotonic() - last_update[0], 1)}
 
     progress = Progress(total_steps=cfg.total_steps, log_every_s=cfg.log_every_s, log=log, extra=idle,
-                        state_path=state_path(cfg, "learner"))
+                        state_path=state_path(cfg, "learner" if rank.rank == 0 else f"learner-rank{rank.rank}"))
     breaker = CircuitBreaker(open_above=cfg.breaker_open_above, close_below=cfg.breaker_close_below,
                              min_open_s=1.0, on_change=metrics.circuit_breaker_hook())
     lag = _consumer_lag_gauge(metrics, bus, STREAMS_GROUP, SAMPLES_RAW)
@@ -159,7 +168,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
         tb.sps(progress.steps)
 
     learner = wiring.build_learner(cfg, events, metrics, algo, on_update=on_update, breaker=breaker,
-                                   lag_signal=lag)
+                                   lag_signal=lag, parallel=parallel)
     learner.start(resume=cfg.resume)
     bind_policy_version(learner.version)
     if health is not None:
@@ -169,20 +178,22 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
     started = time.perf_counter()
     max_updates = max(1, cfg.total_steps // cfg.train_batch_size)
     try:
-        while not stop.is_set() and learner.stats.updates < max_updates:
+        while not (parallel.stopping if parallel else stop.is_set()) and learner.stats.updates < max_updates:
             learner.step(0.2)
             if health is not None:
                 health.heartbeat("loop")  # a learner paused by its breaker or waiting for data is alive
             progress.maybe_log()
         progress.maybe_log(force=True)
     finally:
-        if learner.stats.updates:
+        if learner.stats.updates and not (parallel and parallel.broken):  # a lost peer: the last snapshot stands
             learner.snapshot()
         learner.close()
         bus.flush()
         bus.close()
         tb.close()
-    return {"role": "learner", "updates": learner.stats.updates, "final_version": learner.version,
+        distributed.close_group()
+    return {"role": "learner", "rank": rank.rank, "world_size": rank.world_size,
+            "uneven_updates": parallel.uneven_updates if parallel else 0, "updates": learner.stats.updates, "final_version": learner.version,
             "policy_id": cfg.policy_id, "wall_s": round(time.perf_counter() - started, 3),
             "samples_trained": learner.stats.samples_trained,
             "duplicates_skipped": learner.stats.duplicates_skipped,
@@ -210,6 +221,9 @@ def _role_cmd(role: str, cfg: TrainConfig, extra: list[str]) -> list[str]:
         base += ["--fixed-fragments"]
     if cfg.torch_threads:
         base += ["--torch-threads", str(cfg.torch_threads)]
+    if role == "learner":
+        base += ["--device", cfg.device, "--grad-compression", cfg.grad_compression]
+        base += ["--learners", str(cfg.learners)] if cfg.learners else []
     for k, v in cfg.algo_overrides.items():
         base += ["--set", f"{k}={json.dumps(v)}"]
     return base + extra
