@@ -136,8 +136,8 @@ class Learner:
         self.consumer = self.events.consumer(self.config.group, [SAMPLES_PREPARED], stage="learner",
                                              expect=PreparedBatch, start=start)
         if self.parallel is not None:
-            self.parallel.settle(self.consumer, SAMPLES_PREPARED, self.events.bus.partitions(SAMPLES_PREPARED),
-                                 restored)
+            parts = len(self.events.bus.end_offsets(SAMPLES_PREPARED))
+            self.parallel.settle(self.consumer, SAMPLES_PREPARED, parts, restored)
         self.version = published
         if publish:
             self._publish(parent=self.model_version if self.model_version >= 0 else None)

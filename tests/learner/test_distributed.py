@@ -6,36 +6,17 @@ from __future__ import annotations
 import datetime
 import multiprocessing as mp
 
-import numpy as np
 import pytest
 import torch
 
 from agents.registry import make_algorithm
 from learner.batching import StreamIds, to_trajectory_batch
 from learner.distributed import DataParallel, free_port, parse_devices
-from schemas.events import PreparedBatch, SampleBatch, now_ms
+from tests.support.fragments import ACT, OBS, fragment
 
-OBS, ACT, N = 3, 1, 2
 # one minibatch, no per-minibatch or running statistics: the loss is a mean over the batch
 EXACT = {"num_minibatches": 1, "update_epochs": 2, "norm_adv": False, "normalize_obs": False,
          "normalize_reward": False, "seed": 3}
-
-
-def fragment(i: int, steps: int = 16) -> PreparedBatch:
-    """A recorded fragment: fixed by ``i`` (the same on every rank and in the single learner)."""
-    rng = np.random.default_rng(1000 + i)
-    sb = SampleBatch(
-        batch_id=f"b{i}", actor_id=f"actor-{i % 2}", seq=i, env_id="Pendulum-v1", policy_version=0,
-        created_at_ms=now_ms(), obs=rng.normal(size=(steps, N, OBS)).astype(np.float32),
-        actions=rng.normal(size=(steps, N, ACT)).astype(np.float32),
-        rewards=rng.normal(size=(steps, N)).astype(np.float32),
-        terminated=rng.random((steps, N)) < 0.05, truncated=np.zeros((steps, N), bool),
-        behaviour_logp=rng.normal(-1.0, 0.1, size=(steps, N)).astype(np.float32),
-        last_obs=rng.normal(size=(N, OBS)).astype(np.float32),
-        final_obs_index=np.zeros(0, np.int64), final_obs=np.zeros((0, OBS), np.float32),
-    )
-    ones = np.ones((steps, N), np.float32)
-    return PreparedBatch(sb, 0, 0, 0, ones, ones, now_ms())
 
 
 def updates(k: int, per_update: int = 4) -> list[list[PreparedBatch]]:
