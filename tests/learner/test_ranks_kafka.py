@@ -97,7 +97,7 @@ def test_two_ranks_train_every_batch_once_and_version_monotonically(run, tmp_pat
     run.produce(12)
     lr = Role("learner", run.cmd(), tmp_path / "learner.log", env())
     try:
-        wait_for(trained_all(run, lr, 12), 600,
+        wait_for(trained_all(run, lr, 12), 300,
                  "both ranks to train all 12 fragments", every=1.0, on_timeout=lr.tail)
         assert lr.terminate(60) == 0, lr.tail()
     finally:
@@ -123,15 +123,16 @@ def test_two_ranks_train_every_batch_once_and_version_monotonically(run, tmp_pat
 
 
 def test_a_killed_rank_stops_the_other_and_a_restart_resumes_from_the_snapshot(run, tmp_path):
-    run.produce(8)
     port = str(free_port())
     ranks = [Role(f"rank{r}", run.cmd(), tmp_path / f"rank{r}.log",
                   {**env(), "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}) for r in range(2)]
     store = open_store(str(tmp_path / "run" / "snapshots"))
     try:
-        wait_for(lambda: len(run.steps()) >= 2 and store.latest() is not None, 600,
-                 "two updates and a snapshot", every=1.0, on_timeout=lambda: ranks[0].tail() + ranks[1].tail())
+        for n in (1, 2):  # one fragment per rank at a time: one update each
+            run.produce(2)
+            wait_for(lambda: len(run.steps()) >= n and store.latest() is not None, 300,
+                     f"update {n} and its snapshot", every=1.0, on_timeout=lambda: ranks[0].tail() + ranks[1].tail())
         ranks[1].kill()
         wait_for(lambda: not ranks[0].alive(), 120, "rank 0 to stop after its peer was killed",
                  every=0.5, on_timeout=ranks[0].tail)
@@ -142,10 +143,10 @@ def test_a_killed_rank_stops_the_other_and_a_restart_resumes_from_the_snapshot(r
                 r.kill()
     before = run.read(POLICY_VERSIONS, PolicyVersion)
     snap = store.latest()
-    run.produce(8)
+    run.produce(12)
     lr = Role("learner", run.cmd("--resume"), tmp_path / "resumed.log", env())
     try:
-        wait_for(trained_all(run, lr, 16), 600,
+        wait_for(trained_all(run, lr, 16), 300,
                  "the resumed group to train every fragment", every=1.0, on_timeout=lr.tail)
         assert lr.terminate(60) == 0, lr.tail()
     finally:
