@@ -351,7 +351,8 @@ def cmd_role(a: argparse.Namespace) -> int:
     role = a.command
     world = len(distributed.parse_devices(cfg.device, cfg.learners)) if role == "learner" else 1
     if world > 1 and not distributed.is_rank_process():  # the launcher: one process per rank
-        code = distributed.launch_ranks(["-m", "rlstream.cli", *a.argv], world)
+        same = ["--run-id", cfg.effective_run_id(), "--run-dir", str(cfg.run_dir)]  # one run for every rank
+        code = distributed.launch_ranks(["-m", "rlstream.cli", *a.argv, *same], world)
         return code if code >= 0 else 1
     rank = distributed.RankEnv.from_environ().rank
     configure_logging(role=role, run_id=cfg.effective_run_id(), level=a.log_level, json=a.log_json)
