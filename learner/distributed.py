@@ -23,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -321,8 +322,6 @@ def launch_ranks(argv: list[str], world: int, env: dict[str, str] | None = None,
     """Start ``world`` copies of ``argv`` as ranks (torchrun's variables) and wait for them. When
     one exits non-zero the others are told to stop (SIGTERM, then SIGKILL after ``grace_s``);
     the first non-zero exit code is returned."""
-    import time
-
     base = dict(os.environ if env is None else env)
     base.setdefault("MASTER_ADDR", "127.0.0.1")
     base.setdefault("MASTER_PORT", str(free_port()))

@@ -193,7 +193,8 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
         tb.close()
         distributed.close_group()
     return {"role": "learner", "rank": rank.rank, "world_size": rank.world_size,
-            "uneven_updates": parallel.uneven_updates if parallel else 0, "updates": learner.stats.updates, "final_version": learner.version,
+            "uneven_updates": parallel.uneven_updates if parallel else 0,
+            "updates": learner.stats.updates, "final_version": learner.version,
             "policy_id": cfg.policy_id, "wall_s": round(time.perf_counter() - started, 3),
             "samples_trained": learner.stats.samples_trained,
             "duplicates_skipped": learner.stats.duplicates_skipped,
