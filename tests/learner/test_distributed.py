@@ -112,3 +112,16 @@ def test_devices_one_per_rank():
         parse_devices("cuda:0,1", 3)
     with pytest.raises(ValueError, match="one GPU per rank"):
         parse_devices("cuda:1", 2)
+
+
+def test_the_decoupled_parent_passes_the_rank_settings_to_its_learner(tmp_path):
+    from rlstream.cli import build_parser, train_config
+    from rlstream.decoupled import _role_cmd
+
+    a = build_parser().parse_args(["train", "--mode", "decoupled", "--learners", "2", "--grad-compression", "bf16",
+                                   "--run-dir", str(tmp_path)])
+    cfg = train_config(a)
+    child = train_config(build_parser().parse_args(_role_cmd("learner", cfg, [])[3:]), default_bus="kafka")
+    assert (child.learners, child.device, child.grad_compression) == (2, "cpu", "bf16")
+    actor = train_config(build_parser().parse_args(_role_cmd("actor", cfg, [])[3:]), default_bus="kafka")
+    assert actor.learners is None  # actors are not ranks
