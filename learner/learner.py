@@ -93,8 +93,10 @@ class Learner:
     def __init__(self, config: LearnerConfig, algo: Algorithm, events: EventBus, snapshots: Any = None,
                  breaker: Any = None, lag_signal: Callable[[], float] | None = None,
                  on_update: Callable[["Learner", dict[str, float], float], None] | None = None,
-                 blob_store: BlobStore | None = None, stream_ids: StreamIds | None = None) -> None:
+                 blob_store: BlobStore | None = None, stream_ids: StreamIds | None = None,
+                 parallel: Any = None) -> None:
         self.config = config
+        self.parallel = parallel  # learner.distributed.DataParallel of a rank of N (docs/learners.md)
         self.algo = algo
         self.events = events
         self.snapshots = snapshots
@@ -125,6 +127,8 @@ class Learner:
         """Restore state (newest snapshot, or ``from_version``) and publish the current policy
         (``publish=False``: it is already the newest version on the topic, as in a fork)."""
         published = self.latest_published()
+        if self.parallel is not None:
+            published = self.parallel.broadcast(published)
         restored = None
         if self.snapshots is not None and (resume or from_version is not None):
             restored = self._restore(from_version)
@@ -133,6 +137,9 @@ class Learner:
             start = restored
         self.consumer = self.events.consumer(self.config.group, [SAMPLES_PREPARED], stage="learner",
                                              expect=PreparedBatch, start=start)
+        if self.parallel is not None:
+            parts = len(self.events.bus.end_offsets(SAMPLES_PREPARED))
+            self.parallel.settle(self.consumer, SAMPLES_PREPARED, parts, restored)
         self.version = published
         if publish:
             self._publish(parent=self.model_version if self.model_version >= 0 else None)
@@ -200,8 +207,9 @@ class Learner:
             self.stats.adopted_versions += 1
 
     def step(self, timeout: float = 0.1) -> dict[str, float] | None:
-        if self._versions is not None:
+        if self._versions is not None and self.parallel is None:  # ranks: see docs/learners.md
             self._follow_foreign_versions()
+        paused = False
         if self.breaker is not None and self.lag_signal is not None:
             try:
                 self.breaker.update(self.lag_signal())
@@ -210,8 +218,10 @@ class Learner:
             if not self.breaker.allow():
                 self.stats.paused_polls += 1
                 time.sleep(min(timeout, 0.05))
-                return None
-        for rec, pb in self.consumer.poll(timeout, max_records=64):
+                if self.parallel is None:
+                    return None
+                paused = True
+        for rec, pb in [] if paused else self.consumer.poll(timeout, max_records=64):
             bid = pb.sample.batch_id
             if bid in self._seen and rec.offset < self._offsets.get((rec.topic, rec.partition), 0):
                 self.stats.redelivered_skipped += 1  # this very record, trained before the rewind
@@ -227,7 +237,10 @@ class Learner:
             self._pending.append((rec, pb))
             self._pending_ids.add(bid)
             self._pending_size += pb.sample.size
-        if self._pending and self._pending_size >= self.config.train_batch_size:
+        ready = bool(self._pending) and self._pending_size >= self.config.train_batch_size
+        if self.parallel is not None:  # every rank decides together, each with its share
+            ready = self.parallel.agree(self._pending_size, paused, self.config.train_batch_size).train
+        if ready:
             return self._train()
         self._commit_handled()
         return None
@@ -284,9 +297,19 @@ class Learner:
         n_samples = self._pending_size
         pending = self._take_pending()
         batches = [pb for _, pb in pending]
-        metrics = self.algo.update(to_trajectory_batch(batches, self._stream_ids))
+        batch = to_trajectory_batch(batches, self._stream_ids)
+        ids = [b.sample.batch_id for b in batches]
+        digests = [record_digest(r.value) for r, _ in pending]
+        if self.parallel is None:
+            metrics = self.algo.update(batch)
+            total = n_samples
+        else:  # rank 0 publishes the step of the whole group
+            metrics = self.parallel.update(batch, n_samples)
+            shares = self.parallel.gather((ids, digests, n_samples))
+            ids, digests = [i for s in shares for i in s[0]], [d for s in shares for d in s[1]]
+            total = sum(s[2] for s in shares)
         self.stats.updates += 1
-        self.stats.samples_trained += n_samples
+        self.stats.samples_trained += total
         self.stats.last_metrics = metrics
         for b in batches:
             self._seen[b.sample.batch_id] = None
@@ -299,12 +322,12 @@ class Learner:
             learner_id=self.config.learner_id, step=self.stats.updates, from_version=from_version,
             to_version=new_version, algo=self.config.algo,
             losses={k: float(v) for k, v in metrics.items()},
-            grad_norm=float(metrics.get("grad_norm", 0.0)), batch_ids=[b.sample.batch_id for b in batches],
-            num_samples=n_samples, started_at_ms=started, finished_at_ms=now_ms(),
-            batch_digests=[record_digest(r.value) for r, _ in pending],
+            grad_norm=float(metrics.get("grad_norm", 0.0)), batch_ids=ids,
+            num_samples=total, started_at_ms=started, finished_at_ms=now_ms(), batch_digests=digests,
         )
-        self.events.publish(LEARNER_STEPS, step, key=self.config.learner_id)
-        self.events.flush()
+        if self._publishes:
+            self.events.publish(LEARNER_STEPS, step, key=self.config.learner_id)
+            self.events.flush()
         self.consumer.commit(offsets=self._offsets)
         if self.snapshots is not None and self.config.snapshot_every and \
                 self.stats.updates % self.config.snapshot_every == 0:
@@ -313,8 +336,16 @@ class Learner:
             self.on_update(self, metrics, time.perf_counter() - t0)
         return metrics
 
+    @property
+    def _publishes(self) -> bool:
+        """One writer per group: rank 0 (or the only learner)."""
+        return self.parallel is None or self.parallel.publisher
+
     def _publish(self, parent: int | None, metrics: dict[str, float] | None = None) -> int:
         self.version += 1
+        if not self._publishes:  # ranks > 0 count the versions rank 0 publishes
+            self.model_version = self.version
+            return self.version
         pv = make_policy_version(
             self.algo.policy, policy_id=self.config.policy_id, version=self.version, parent_version=parent,
             learner_id=self.config.learner_id, algo=self.config.algo,
@@ -326,14 +357,22 @@ class Learner:
         return self.version
 
     def snapshot(self) -> None:
+        """Save the state; with ranks, a collective: rank 0 saves every rank's offsets and ids."""
+        offsets, seen = dict(self._offsets), list(self._seen.keys())[-SEEN_IDS_KEPT:]
+        if self.parallel is not None:
+            shares = self.parallel.gather((offsets, seen))
+            if not self.parallel.publisher:
+                return
+            offsets = {tp: o for s in shares for tp, o in s[0].items()}
+            seen = [i for s in shares for i in s[1]]
         meta = {
             "updates": self.stats.updates,
             "algo": self.config.algo,
             "arch": arch_of(self.algo.policy),
             "env_id": self.config.env_id,
             "policy_id": self.config.policy_id,
-            "offsets": [[t, p, o] for (t, p), o in sorted(self._offsets.items())],
-            "trained_batch_ids": list(self._seen.keys())[-SEEN_IDS_KEPT:],
+            "offsets": [[t, p, o] for (t, p), o in sorted(offsets.items())],
+            "trained_batch_ids": seen,
             "created_at_ms": now_ms(),
         }
         self.snapshots.save(self.model_version, self.algo.policy.state_dict(), meta, state=self.algo.state_dict())

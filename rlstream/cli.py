@@ -350,25 +350,36 @@ def cmd_role(a: argparse.Namespace) -> int:
     from runtime.logging import configure_logging, get_logger
     from runtime.metrics import Metrics
 
+    from learner import distributed
+
     config = a.config or os.environ.get(ENV_CONFIG)
     cfg = read_config(config) if config else train_config(a, default_bus="kafka")
     if config and getattr(a, "train", None) is not None and a.train.resume:
         cfg = replace(cfg, resume=True)  # a supervised restart: the run's config, resumed
     role = a.command
+    world = len(distributed.parse_devices(cfg.device, cfg.learners)) if role == "learner" else 1
+    if world > 1 and not distributed.is_rank_process():  # the launcher: one process per rank
+        same = ["--run-id", cfg.effective_run_id(), "--run-dir", str(cfg.run_dir)]  # one run for every rank
+        code = distributed.launch_ranks(["-m", "rlstream.cli", *a.argv, *same], world)
+        return code if code >= 0 else 1
+    rank = distributed.RankEnv.from_environ().rank
     configure_logging(role=role, run_id=cfg.effective_run_id(), level=a.log_level, json=a.log_json)
     log = get_logger(f"rlstream.{role}")
     stop = _stop_on_signals()
     metrics = Metrics(role=role)
-    server, health = _serve_metrics(metrics, cfg.metrics_port, role)
+    server, health = _serve_metrics(metrics, cfg.metrics_port if rank == 0 else -1, role)
     try:
         if role == "actor":
             summary = decoupled.run_actor(cfg, a.index, log=log, stop=stop, metrics=metrics, health=health)
         else:
             summary = decoupled.run_learner(cfg, log=log, stop=stop, metrics=metrics, health=health)
+    except distributed.PeerLost as e:
+        log.error("peer_lost", error=str(e), note="the group stops; a restart resumes from its last snapshot")
+        return distributed.EXIT_PEER_LOST
     finally:
         if server is not None:
             server.stop()
-    print(json.dumps({"summary": summary}))
+    print(json.dumps({"summary" if rank == 0 else "rank_summary": summary}))
     return 0
 
 
@@ -485,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return broker_main(argv[1:])
     a = build_parser().parse_args(argv)
+    a.argv = argv
     handlers = {"train": cmd_train, "actor": cmd_role, "learner": cmd_role, "subscribe": cmd_subscribe,
                 "replay": cmd_replay, "rollback": cmd_rollback, "serve": cmd_serve, "eval": cmd_eval,
                 "verify": cmd_time_travel, "fork": cmd_time_travel, "lineage": cmd_time_travel}

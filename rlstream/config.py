@@ -129,7 +129,11 @@ class TrainConfig:
     log_every_s: Annotated[float, tyro.conf.arg(aliases=("--log-every",))] = 5.0
     """Seconds between progress lines."""
     device: str = "cpu"
-    """torch device of the learner (cpu, cuda)."""
+    """torch device of the learner: cpu, cuda, cuda:1, or one per rank, cuda:0,1,2,3."""
+    learners: int | None = None
+    """Data-parallel learner ranks (docs/learners.md); None: one per device of ``device``."""
+    grad_compression: str = "none"
+    """Gradient all-reduce between ranks: none, fp16 or bf16 (torch's DDP compress hooks)."""
     redis_url: str | None = None
     """Redis for claim-check weights (None: inline only)."""
     breaker_open_above: float = 256.0

@@ -146,23 +146,31 @@ def _round(flush: Any, health: Any, progress: Progress):
 
 def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None = None,
                 metrics: Metrics | None = None, health: Any = None) -> dict[str, Any]:
+    from learner import distributed
     from learner.circuit_breaker import CircuitBreaker
 
     write_effective_config(cfg, "learner")
     _set_threads(cfg)
     stop = stop or threading.Event()
     metrics = metrics or Metrics(role="learner")
+    rank = distributed.RankEnv.from_environ()
+    if rank.world_size > 1:  # one of N data-parallel ranks (docs/learners.md)
+        device = distributed.parse_devices(cfg.device, cfg.learners or rank.world_size)[rank.local_rank]
+        cfg = replace(cfg, device=device, tensorboard=cfg.tensorboard if rank.rank == 0 else None)
     bus = wiring.build_bus(cfg.bus)
     events = wiring.build_events(bus, metrics)
     info = wiring.env_info(cfg)
     algo = wiring.build_algo(cfg, info.obs_dim, info.act_dim, info.nvec)
+    parallel = None
+    if rank.world_size > 1:
+        parallel = distributed.DataParallel.from_env(algo, cfg.grad_compression, stop=stop.is_set)
     last_update = [time.monotonic()]
 
     def idle() -> dict[str, Any]:  # a learner without data for long is the sign of a stalled run
         return {"idle_s": round(time.monotonic() - last_update[0], 1)}
 
     progress = Progress(total_steps=cfg.total_steps, log_every_s=cfg.log_every_s, log=log, extra=idle,
-                        state_path=state_path(cfg, "learner"))
+                        state_path=state_path(cfg, "learner" if rank.rank == 0 else f"learner-rank{rank.rank}"))
     breaker = CircuitBreaker(open_above=cfg.breaker_open_above, close_below=cfg.breaker_close_below,
                              min_open_s=1.0, on_change=metrics.circuit_breaker_hook())
     lag = _consumer_lag_gauge(metrics, bus, STREAMS_GROUP, SAMPLES_RAW)
@@ -178,7 +186,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
         tb.sps(progress.steps)
 
     learner = wiring.build_learner(cfg, events, metrics, algo, on_update=on_update, breaker=breaker,
-                                   lag_signal=lag)
+                                   lag_signal=lag, parallel=parallel)
     learner.start(resume=cfg.resume)
     bind_policy_version(learner.version)
     if health is not None:
@@ -188,19 +196,22 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
     started = time.perf_counter()
     max_updates = max(1, cfg.total_steps // cfg.train_batch_size)
     try:
-        drive([Slot(learner, timeout=0.2)], done=lambda: learner.stats.updates >= max_updates, stop=stop,
+        drive([Slot(learner, timeout=0.2)], stop=None if parallel else stop,  # ranks stop together
+              done=lambda: learner.stats.updates >= max_updates or bool(parallel and parallel.stopping),
               on_round=_round(None, health, progress))
         progress.maybe_log(force=True)
     finally:
-        if learner.stats.updates:
+        if learner.stats.updates and not (parallel and parallel.broken):  # a lost peer: the last snapshot stands
             learner.snapshot()
         learner.close()
         bus.flush()
         bus.close()
         tb.close()
+        distributed.close_group()
     summary = {**learner.summary(), "wall_s": round(time.perf_counter() - started, 3),
-               "breaker_trips": breaker.trips}
-    write_summary(cfg.run_dir, "learner", summary)
+               "breaker_trips": breaker.trips, "rank": rank.rank, "world_size": rank.world_size,
+               "uneven_updates": parallel.uneven_updates if parallel else 0}
+    write_summary(cfg.run_dir, "learner" if rank.rank == 0 else f"learner-rank{rank.rank}", summary)
     return summary
 
 

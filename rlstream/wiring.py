@@ -180,7 +180,7 @@ def build_prepare_worker(cfg: TrainConfig, events: EventBus, metrics: Metrics | 
 
 
 def build_learner(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, algo, on_update=None,
-                  breaker=None, lag_signal=None) -> Learner:
+                  breaker=None, lag_signal=None, parallel=None) -> Learner:
     from learner.snapshots import open_store
 
     store = open_store(cfg.snapshot_url())
@@ -197,7 +197,7 @@ def build_learner(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, a
     lcfg = LearnerConfig(algo=cfg.algo, train_batch_size=cfg.train_batch_size, snapshot_every=cfg.snapshot_every,
                          env_id=cfg.env_id, policy_id=cfg.policy_id, run_id=cfg.effective_run_id())
     return Learner(lcfg, algo, events, snapshots=store, breaker=breaker, lag_signal=lag_signal,
-                   on_update=update_hook, blob_store=blob)
+                   on_update=update_hook, blob_store=blob, parallel=parallel)
 
 
 @dataclass
