@@ -15,6 +15,7 @@ broker bytes per version (the record) and blob bytes per version.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import multiprocessing as mp
@@ -45,11 +46,12 @@ def policy_of_size(params: int) -> Policy:
     return Policy(OBS, ACT, hidden=(max(h, 1), max(h, 1)))
 
 
-def _subscriber_thread(bus, blob, stage: str, out: mp.Queue, stop) -> None:
+def _subscriber_thread(bus, blob, module: Policy, stage: str, out: mp.Queue, stop) -> None:
     events = build_events(bus, None, publish_schemas=False)
     lat: list[float] = []
     sub = PolicySubscriber(events, POLICY_ID, stage, on_latency=lat.append, blob_store=blob)
-    sub.wait_for(0, 120)
+    sub.policy = module  # an actor's module exists before its first version: only weights load
+    sub.wait_for(0, 600)
     out.put(("ready", stage, sub.version, 0.0))
     while not stop.is_set():
         if sub.poll(0.1) and lat:
@@ -57,12 +59,14 @@ def _subscriber_thread(bus, blob, stage: str, out: mp.Queue, stop) -> None:
     sub.close()
 
 
-def _worker(proc: int, threads: int, bootstrap: str, namespace: str, redis_url: str | None, out: mp.Queue, stop) -> None:
+def _worker(proc: int, threads: int, params: int, bootstrap: str, namespace: str, redis_url: str | None,
+            out: mp.Queue, stop) -> None:
     torch.set_num_threads(1)
     bus = build_bus(BusConfig(kind="kafka", bootstrap=bootstrap, namespace=namespace))
     blob = RedisBlobStore(redis_url) if redis_url else None
-    ts = [threading.Thread(target=_subscriber_thread, args=(bus, blob, f"ws-{proc}-{i}", out, stop), daemon=True)
-          for i in range(threads)]
+    module = policy_of_size(params)  # built once per process (orthogonal init is costly), copied per actor
+    ts = [threading.Thread(target=_subscriber_thread, args=(bus, blob, copy.deepcopy(module), f"ws-{proc}-{i}", out, stop),
+                           daemon=True) for i in range(threads)]
     for t in ts:
         t.start()
     for t in ts:
@@ -101,17 +105,17 @@ def run_size(params: int, args, redis_url: str | None) -> dict:
     ctx = mp.get_context("spawn")
     out, stop = ctx.Queue(), ctx.Event()
     per = [args.actors // args.procs + (1 if i < args.actors % args.procs else 0) for i in range(args.procs)]
-    procs = [ctx.Process(target=_worker, args=(i, n, args.bootstrap, namespace, redis_url, out, stop), daemon=True)
+    procs = [ctx.Process(target=_worker, args=(i, n, params, args.bootstrap, namespace, redis_url, out, stop), daemon=True)
              for i, n in enumerate(per) if n]
     for p in procs:
         p.start()
-    ready = _drain(out, args.actors, "ready", 0, 300)
+    ready = _drain(out, args.actors, "ready", 0, 600)
     lat: list[float] = []
     record_bytes = blob_bytes = 0
     missing = 0
     try:
         if len(ready) < args.actors:
-            raise RuntimeError(f"only {len(ready)} of {args.actors} subscribers adopted version 0 within 300 s")
+            raise RuntimeError(f"only {len(ready)} of {args.actors} subscribers adopted version 0 within 600 s")
         for v in range(1, args.versions + 1):
             with torch.no_grad():
                 policy.net.actor_mean[-1].bias.add_(0.01)  # a new version really differs

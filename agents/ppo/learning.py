@@ -121,6 +121,8 @@ class PPO(BaseAlgorithm):
             b_obs_norm = self.policy.preprocess(b_obs)
         b_logp, b_adv, b_ret, b_val = flat(batch.behaviour_logp), flat(advantages), flat(returns), flat(values)
         b_w = flat(batch.sample_weight) if (cfg.use_sample_weight and batch.sample_weight is not None) else None
+        if b_w is not None and bool((b_w == 1.0).all()):
+            b_w = None  # all ones (the processors' default): the same losses without the multiplies
         n = b_obs.shape[0]
         if rho is not None:
             b_logp = flat(prox_logp)
