@@ -51,12 +51,16 @@ def _subscriber_thread(bus, blob, module: Policy, stage: str, out: mp.Queue, sto
     lat: list[float] = []
     sub = PolicySubscriber(events, POLICY_ID, stage, on_latency=lat.append, blob_store=blob)
     sub.policy = module  # an actor's module exists before its first version: only weights load
-    sub.wait_for(0, 600)
-    out.put(("ready", stage, sub.version, 0.0))
-    while not stop.is_set():
-        if sub.poll(0.1) and lat:
-            out.put(("adopted", stage, sub.version, lat[-1]))
-    sub.close()
+    try:
+        sub.wait_for(0, 600)
+        out.put(("ready", stage, sub.version, 0.0))
+        while not stop.is_set():
+            if sub.poll(0.1) and lat:
+                out.put(("adopted", stage, sub.version, lat[-1]))
+    except Exception as e:  # an actor that dies is reported, never waited for
+        out.put(("error", stage, sub.version, f"{type(e).__name__}: {e}"))
+    finally:
+        sub.close()
 
 
 def _worker(proc: int, threads: int, params: int, bootstrap: str, namespace: str, redis_url: str | None,
@@ -74,15 +78,19 @@ def _worker(proc: int, threads: int, params: int, bootstrap: str, namespace: str
     bus.close()
 
 
-def _drain(out: mp.Queue, want: int, kind: str, version: int, timeout: float) -> list[float]:
+def _drain(out: mp.Queue, want: int, kind: str, version: int, timeout: float, errors: list[str]) -> list[float]:
+    """Values of ``want`` ``kind`` reports for ``version`` (fewer at the deadline); a dead subscriber
+    ("error") lowers ``want`` and lands in ``errors``."""
     got: list[float] = []
     deadline = time.monotonic() + timeout
-    while len(got) < want and time.monotonic() < deadline:
+    while len(got) < want - len(errors) and time.monotonic() < deadline:
         try:
-            k, _, v, s = out.get(timeout=max(0.01, deadline - time.monotonic()))
+            k, stage, v, s = out.get(timeout=max(0.01, deadline - time.monotonic()))
         except queue.Empty:
             break
-        if k == kind and v == version:
+        if k == "error":
+            errors.append(f"{stage} (at version {v}): {s}")
+        elif k == kind and v == version:
             got.append(s)
     return got
 
@@ -109,18 +117,19 @@ def run_size(params: int, args, redis_url: str | None) -> dict:
              for i, n in enumerate(per) if n]
     for p in procs:
         p.start()
-    ready = _drain(out, args.actors, "ready", 0, 600)
+    errors: list[str] = []
+    ready = _drain(out, args.actors, "ready", 0, 600, errors)
     lat: list[float] = []
     record_bytes = blob_bytes = 0
     missing = 0
     try:
-        if len(ready) < args.actors:
+        if len(ready) + len(errors) < args.actors:
             raise RuntimeError(f"only {len(ready)} of {args.actors} subscribers adopted version 0 within 600 s")
         for v in range(1, args.versions + 1):
             with torch.no_grad():
                 policy.net.actor_mean[-1].bias.add_(0.01)  # a new version really differs
             record_bytes, blob_bytes = publish(v)
-            got = _drain(out, args.actors, "adopted", v, 60)
+            got = _drain(out, args.actors, "adopted", v, 60, errors)
             missing += args.actors - len(got)
             lat += got
     finally:
@@ -146,6 +155,7 @@ def run_size(params: int, args, redis_url: str | None) -> dict:
         "blob_bytes_per_version": blob_bytes,
         "blob_bytes_fetched_per_version": blob_bytes * args.actors,
         "one_adoption_decode_fetch_load_ms": round(load_s * 1e3, 1),
+        "subscriber_errors": errors,
     }
 
 
