@@ -26,6 +26,7 @@ import torch
 
 from actor.envs import NonFiniteEnvError, make_vector_env, spec_of
 from actor.flow import Flow
+from actor.inference import GaussianSampler
 from actor.policy_client import PolicySubscriber
 from schemas.events import SampleBatch, new_id, now_ms
 from streams.events import EventBus
@@ -156,14 +157,20 @@ class Actor:
         ep_lengths: list[int] = []
         obs = self._obs
         grouped = cfg.group_size > 0
+        sampler = GaussianSampler.of(policy)  # numpy inference; None: Policy.act per step
+        if sampler is not None:
+            noise, logp_buf = sampler.noise((T, N), self._gen)
         rollout_done = np.zeros(N, bool)  # group mode: the column's first episode has ended
         for t in range(T):
             obs_buf[t] = obs
-            with torch.no_grad():
-                a, logp, _ = policy.act(torch.from_numpy(obs), generator=self._gen)
-            a_np = a.numpy()
-            act_buf[t] = a_np
-            logp_buf[t] = logp.numpy()
+            if sampler is not None:
+                a_np = act_buf[t] = sampler.sample(obs, noise[t])
+            else:
+                with torch.no_grad():
+                    a, logp, _ = policy.act(torch.from_numpy(obs), generator=self._gen)
+                a_np = a.numpy()
+                act_buf[t] = a_np
+                logp_buf[t] = logp.numpy()
             nobs, rew, term, trunc, info = self.env.step(spec.to_env(a_np))
             nobs = np.asarray(nobs, dtype=np.float32)
             rew = np.asarray(rew, dtype=np.float32)

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import Tensor
 
-from agents.base import BaseAlgorithm, accumulate, explained_variance, minibatch_indices
+from agents.base import BaseAlgorithm, explained_variance, minibatch_indices
 from agents.core import TrajectoryBatch
 from agents.normalization import RewardScaler
 from agents.ppo.config import PPOConfig
@@ -15,6 +15,9 @@ from agents.ppo.losses import compute_gae, policy_loss, value_loss
 from agents.vtrace import behaviour_weights, vtrace
 
 __all__ = ["PPO", "bootstrap_values"]
+
+_STATS = ("loss_policy", "loss_value", "loss_entropy", "loss_total", "entropy", "approx_kl", "old_approx_kl",
+          "clipfrac", "ratio_mean", "grad_norm")
 
 
 @torch.no_grad()
@@ -112,8 +115,12 @@ class PPO(BaseAlgorithm):
             return x[valid] if valid is not None else x
 
         b_obs, b_act = flat(batch.obs), flat(batch.actions)
+        with torch.no_grad():  # the statistics stay fixed during the update: normalise once
+            b_obs_norm = self.policy.preprocess(b_obs)
         b_logp, b_adv, b_ret, b_val = flat(batch.behaviour_logp), flat(advantages), flat(returns), flat(values)
         b_w = flat(batch.sample_weight) if (cfg.use_sample_weight and batch.sample_weight is not None) else None
+        if b_w is not None and bool((b_w == 1.0).all()):
+            b_w = None  # all ones (the processors' default): the same losses without the multiplies
         n = b_obs.shape[0]
         if rho is not None:
             b_logp = flat(prox_logp)
@@ -121,13 +128,13 @@ class PPO(BaseAlgorithm):
             b_w = b_rho if b_w is None else b_w * b_rho
             extra["behaviour_weight_mean"] = float(b_rho.mean())
 
-        sums: dict[str, float] = {}
-        count = 0
+        rows: list[Tensor] = []  # one row of _STATS per minibatch, summed once at the end
         epochs_run = 0
+        kl_col = _STATS.index("approx_kl")
         for _ in range(cfg.update_epochs):
-            epoch_kl, epoch_count = 0.0, 0
+            epoch_start = len(rows)
             for mb in minibatch_indices(n, cfg.num_minibatches, self.generator, self.device):
-                newlogp, entropy, newvalue = self.policy.evaluate(b_obs[mb], b_act[mb])
+                newlogp, entropy, newvalue = self.policy.net.evaluate(b_obs_norm[mb], b_act[mb])
                 mb_adv = b_adv[mb]
                 if cfg.norm_adv and mb_adv.numel() > 1:
                     mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
@@ -136,27 +143,18 @@ class PPO(BaseAlgorithm):
                 v_loss = value_loss(newvalue, b_val[mb], b_ret[mb], cfg.clip_coef if cfg.clip_vloss else None, weight=w)
                 ent = entropy.mean()
                 loss = pl["loss_policy"] - cfg.ent_coef * ent + cfg.vf_coef * v_loss
-                grad_norm = self._apply_gradients(loss)
-
-                stats = {
-                    "loss_policy": pl["loss_policy"],
-                    "loss_value": v_loss,
-                    "loss_entropy": -ent,
-                    "loss_total": loss,
-                    "entropy": ent,
-                    "approx_kl": pl["approx_kl"],
-                    "old_approx_kl": pl["old_approx_kl"],
-                    "clipfrac": pl["clipfrac"],
-                    "ratio_mean": pl["ratio_mean"],
-                    "grad_norm": grad_norm,
-                }
-                accumulate(sums, stats)
-                count += 1
-                epoch_kl += float(pl["approx_kl"])
-                epoch_count += 1
+                grad_norm = self._gradient_step(loss)
+                rows.append(torch.stack([
+                    pl["loss_policy"].detach(), v_loss.detach(), -ent.detach(), loss.detach(), ent.detach(),
+                    pl["approx_kl"], pl["old_approx_kl"], pl["clipfrac"], pl["ratio_mean"],
+                    grad_norm.to(loss.dtype).reshape(()),
+                ]))
             epochs_run += 1
-            if cfg.target_kl is not None and epoch_count and epoch_kl / epoch_count > cfg.target_kl:
+            if (cfg.target_kl is not None and len(rows) > epoch_start
+                    and float(torch.stack(rows[epoch_start:])[:, kl_col].mean()) > cfg.target_kl):
                 break
+        count = len(rows)
+        sums = dict(zip(_STATS, torch.stack(rows).double().sum(0).tolist())) if rows else {}
 
         if cfg.normalize_obs:
             self.policy.obs_rms.update(b_obs)

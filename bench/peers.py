@@ -1,0 +1,170 @@
+"""rlstream co-located PPO beside the single-file PPOs users would otherwise pick, at identical
+settings, in one run; prints ONE JSON document.
+
+Settings (CleanRL ``ppo_continuous_action``'s): 1 env, 2,048 steps per update, 10 epochs,
+minibatch 64, separate 64-64 tanh actor and critic MLPs, state-independent log std, observation
+and reward normalisation (clip 10), Adam eps 1e-5 with the learning rate annealed linearly to 0
+over the run, clip 0.2 (value loss clipped too), GAE 0.99 / 0.95, grad-norm clip 0.5, one torch
+thread. Each peer and seed runs in its own subprocess; SPS is timed around training only (the
+wall clock, and the process CPU time, which is steadier on a shared machine). Final return: mean
+of the last 10 episodes' raw returns.
+
+Peers (installed with ``pip install -e .[bench]``; this script installs nothing):
+- ``sb3``: Stable-Baselines3 PPO (``VecNormalize`` for the normalisation);
+- ``cleanrl``: ``python -m cleanrl.ppo_continuous_action`` if the ``cleanrl`` package is
+  importable and runs here; otherwise its row says why (see docs/benchmarks.md);
+- ``rlstream``: ``rlstream train --mode colocated`` (``run_colocated``).
+
+    python bench/peers.py --steps 20480 --seeds 1 2 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+PEERS = ("sb3", "cleanrl", "rlstream")
+LR, GAMMA, LAM, CLIP = 3e-4, 0.99, 0.95, 0.2
+
+
+def _timed(fn) -> tuple[object, float, float]:
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - t0, time.process_time() - c0
+
+
+def run_sb3(env_id: str, steps: int, seed: int) -> dict:
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    env = VecNormalize(make_vec_env(env_id, n_envs=1, seed=seed), norm_obs=True, norm_reward=True,
+                       clip_obs=10.0, clip_reward=10.0, gamma=GAMMA)
+    model = PPO("MlpPolicy", env, n_steps=2048, batch_size=64, n_epochs=10, learning_rate=lambda f: LR * f,
+                gamma=GAMMA, gae_lambda=LAM, clip_range=CLIP, clip_range_vf=CLIP, ent_coef=0.0, vf_coef=0.5,
+                max_grad_norm=0.5, seed=seed, device="cpu", verbose=0,
+                policy_kwargs={"net_arch": {"pi": [64, 64], "vf": [64, 64]}, "activation_fn": torch.nn.Tanh,
+                               "log_std_init": 0.0})
+    _, wall, cpu = _timed(lambda: model.learn(steps))
+    env.close()
+    return {"steps": int(model.num_timesteps), "wall_s": wall, "cpu_s": cpu,
+            "returns": [float(e["r"]) for e in model.ep_info_buffer]}
+
+
+def run_cleanrl(env_id: str, steps: int, seed: int) -> dict:
+    """CleanRL's own script as a module, in a subprocess; returns parsed from its stdout."""
+    cmd = [sys.executable, "-m", "cleanrl.ppo_continuous_action", "--env-id", env_id, "--seed", str(seed),
+           "--total-timesteps", str(steps), "--num-envs", "1", "--num-steps", "2048", "--num-minibatches", "32",
+           "--update-epochs", "10", "--track", "False", "--capture-video", "False", "--cuda", "False"]
+    with tempfile.TemporaryDirectory() as d:
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, cwd=d, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        last = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return {"unavailable": f"`python -m cleanrl.ppo_continuous_action` exited {p.returncode}: {last} "
+                               "(why it cannot run here: docs/benchmarks.md)"}
+    sps = [float(x) for x in re.findall(r"SPS:\s*([\d.]+)", p.stdout)]
+    rets = [float(x) for x in re.findall(r"episodic_return=([-\d.e]+)", p.stdout)]
+    return {"steps": steps, "wall_s": wall, "cpu_s": None, "returns": rets,
+            "sps_reported": sps[-1] if sps else None}
+
+
+def run_rlstream(env_id: str, steps: int, seed: int) -> dict:
+    from rlstream.colocated import run_colocated
+    from rlstream.config import TrainConfig
+
+    with tempfile.TemporaryDirectory() as d:
+        cfg = TrainConfig(env_id=env_id, total_steps=steps, seed=seed, run_dir=Path(d), log_every_s=1e9,
+                          snapshot_every=0)
+        summary, wall, cpu = _timed(lambda: run_colocated(cfg))
+        curve = json.loads((Path(d) / "curve.json").read_text())
+    return {"steps": int(summary["steps"]), "wall_s": wall, "cpu_s": cpu, "returns": curve["returns"]}
+
+
+def one(peer: str, env_id: str, steps: int, seed: int) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    run = {"sb3": run_sb3, "cleanrl": run_cleanrl, "rlstream": run_rlstream}[peer]
+    try:
+        out = run(env_id, steps, seed)
+    except ImportError as e:
+        return {"unavailable": f"not installed: {e} (pip install -e .[bench])"}
+    if "unavailable" in out:
+        return out
+    rets = out.pop("returns")
+    out["sps"] = out["steps"] / out["wall_s"]
+    out["cpu_sps"] = out["steps"] / out["cpu_s"] if out["cpu_s"] else None
+    out["episodes"] = len(rets)
+    out["return_last10"] = float(np.mean(rets[-10:])) if rets else None
+    return out
+
+
+def _agg(rows: list[dict], key: str) -> float | None:
+    xs = [r[key] for r in rows if r.get(key) is not None]
+    return round(float(np.mean(xs)), 1) if xs else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--env", default="HalfCheetah-v5")
+    ap.add_argument("--steps", type=int, default=20480, help="env steps per run (CleanRL's reference: 1M)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1])
+    ap.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS)
+    ap.add_argument("--one", choices=PEERS, help=argparse.SUPPRESS)  # internal: run one peer, print its row
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one, args.env, args.steps, args.seeds[0])))
+        return
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    runs: dict[str, list[dict]] = {p: [] for p in args.peers}
+    for seed in args.seeds:
+        for peer in args.peers:  # interleaved, so a change in the machine's load hits every peer
+            p = subprocess.run([sys.executable, __file__, "--one", peer, "--env", args.env, "--steps", str(args.steps),
+                                "--seeds", str(seed)], cwd=ROOT, env=env, capture_output=True, text=True)
+            lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+            row = json.loads(lines[-1]) if p.returncode == 0 and lines else {
+                "unavailable": f"exited {p.returncode}: {(p.stderr.strip().splitlines() or [''])[-1]}"}
+            runs[peer].append({"seed": seed, **{k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}})
+    summary = {}
+    for peer, rows in runs.items():
+        ok = [r for r in rows if "unavailable" not in r]
+        summary[peer] = ({"sps": _agg(ok, "sps"), "cpu_sps": _agg(ok, "cpu_sps"), "return_last10": _agg(ok, "return_last10")}
+                         if ok else {"unavailable": rows[0]["unavailable"]})
+    ours = summary.get("rlstream", {})
+    ratios = {}
+    for peer in args.peers:
+        if peer != "rlstream" and "unavailable" not in summary[peer] and ours.get("sps"):
+            ratios[f"rlstream_over_{peer}_sps"] = round(ours["sps"] / summary[peer]["sps"], 3)
+            if ours.get("cpu_sps") and summary[peer].get("cpu_sps"):
+                ratios[f"rlstream_over_{peer}_cpu_sps"] = round(ours["cpu_sps"] / summary[peer]["cpu_sps"], 3)
+            if ours.get("return_last10") is not None and summary[peer]["return_last10"] is not None:
+                ratios[f"rlstream_minus_{peer}_return"] = round(ours["return_last10"] - summary[peer]["return_last10"], 1)
+    import torch
+
+    print(json.dumps({
+        "bench": "peers", "env": args.env, "steps": args.steps, "seeds": args.seeds, "target_sps_ratio_min": 2.0,
+        "settings": {"num_envs": 1, "steps_per_update": 2048, "epochs": 10, "minibatch": 64, "hidden": [64, 64],
+                     "activation": "tanh", "normalize": "obs and reward, clip 10", "lr": f"{LR} annealed to 0",
+                     "torch_threads": 1},
+        "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+                 "loadavg_1m": round(os.getloadavg()[0], 2)},
+        "summary": summary, "ratios": ratios, "runs": runs,
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""Time one PPO update (wall and process CPU time: on a shared machine the CPU time is the steadier figure) (CleanRL settings: 2,048 x 1 batch, 10 epochs, minibatch 64) on a
+fixed synthetic HalfCheetah-shaped batch, and optionally print its top profile entries.
+
+    python bench/update.py --updates 5 --profile 15
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import platform
+import pstats
+import time
+
+import numpy as np
+import torch
+
+from agents.core import TrajectoryBatch
+from agents.ppo import PPO, PPOConfig
+
+
+def synthetic_batch(T: int, N: int, obs_dim: int, act_dim: int, seed: int = 0) -> TrajectoryBatch:
+    rng = np.random.default_rng(seed)
+    term = np.zeros((T, N), bool)
+    trunc = np.zeros((T, N), bool)
+    trunc[999::1000] = True  # HalfCheetah's time limit
+    obs = rng.normal(size=(T, N, obs_dim)).astype(np.float32)
+    return TrajectoryBatch.from_numpy(
+        obs=obs, actions=rng.normal(size=(T, N, act_dim)).astype(np.float32),
+        rewards=rng.normal(size=(T, N)).astype(np.float32), terminated=term, truncated=trunc,
+        behaviour_logp=rng.normal(-8.0, 1.0, size=(T, N)).astype(np.float32),
+        next_obs_final=obs, last_obs=obs[-1], stream_ids=np.arange(N, dtype=np.int64))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--updates", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=2048)
+    ap.add_argument("--num-envs", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--profile", type=int, default=0, help="print this many top cProfile entries (by tottime)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    algo = PPO(PPOConfig(), obs_dim=17, act_dim=6, device=args.device)
+    batch = synthetic_batch(args.steps, args.num_envs, 17, 6)
+    algo.update(batch)  # warm-up
+    prof = cProfile.Profile() if args.profile else None
+    times, cpu = [], []
+    for _ in range(args.updates):
+        if prof:
+            prof.enable()
+        t0, c0 = time.perf_counter(), time.process_time()
+        algo.update(batch)
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+        if prof:
+            prof.disable()
+    out = {"bench": "ppo_update", "device": args.device, "batch": args.steps * args.num_envs,
+           "update_s_median": round(float(np.median(times)), 4),
+           "update_cpu_s_median": round(float(np.median(cpu)), 4),
+           "samples_per_s": round(args.steps * args.num_envs * 10 / float(np.median(times)), 1),
+           "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+                    "threads": args.threads, "loadavg_1m": round(os.getloadavg()[0], 2)}}
+    if prof:
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(args.profile)
+        out["profile_top"] = [ln.strip() for ln in s.getvalue().splitlines() if ln.strip()][-args.profile:]
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
