@@ -38,7 +38,7 @@ import torch
 
 from rlstream.colocated import run_colocated
 from rlstream.config import BusConfig, TrainConfig
-from rlstream.policies import load_into, policy_from_arch
+from streams.policies import load_policy, policy_from_arch
 from logtools.replay import run_replay
 from schemas.events import PolicyVersion
 from schemas.weights import decode_weights
@@ -101,7 +101,7 @@ def train_one(name: str, env_id: str, steps: int, seed: int, out: Path, episodes
     returns = json.loads((run_dir / "curve.json").read_text())["returns"]
     versions = policy_versions(run_dir / "log")
     final = versions[max(versions)]
-    ev = evaluate(load_into(None, final), env_id, episodes)
+    ev = evaluate(load_policy(final), env_id, episodes)
     return {"name": name, "algo": algo, "seed": seed, "steps": summary["steps"], "updates": summary["updates"],
             "episodes": len(returns), "train_first20": float(np.mean(returns[:20])),
             "train_last20": float(np.mean(returns[-20:])), "eval": float(np.mean(ev)),
@@ -155,7 +155,7 @@ def dpo_one(ppo: dict, env_id: str, episodes: int, beta: float, epochs: int, seg
     policy = policy_from_arch(arch)
     policy.load_state_dict(state)
     ref_version = dpo["reference"]["version"]
-    ref = load_into(None, policy_versions(log_dir)[ref_version]) if ref_version is not None else None
+    ref = load_policy(policy_versions(log_dir)[ref_version]) if ref_version is not None else None
     return {"name": "dpo", "seed": ppo["seed"], "pairs": summary["pairs_built"], "reference_version": ref_version,
             "heldout_reward_accuracy": dpo.get("heldout_reward_accuracy"),
             "eval": float(np.mean(evaluate(policy, env_id, episodes))),

@@ -32,7 +32,7 @@ import torch
 from actor.policy_client import PolicySubscriber
 from agents.networks import Policy
 from rlstream.config import BusConfig
-from rlstream.policies import DEFAULT_INLINE_LIMIT, RedisBlobStore, load_into, make_policy_version, publish_policy_version
+from streams.policies import DEFAULT_INLINE_LIMIT, RedisBlobStore, load_policy, make_policy_version, publish_policy_version
 from rlstream.wiring import build_bus, build_events
 
 OBS, ACT = 64, 8
@@ -142,7 +142,7 @@ def run_size(params: int, args, redis_url: str | None) -> dict:
     record = events.codec.encode(pv)
     target = policy_of_size(params)
     t0 = time.perf_counter()
-    load_into(target, events.codec.decode(record), blob)
+    load_policy(events.codec.decode(record), blob, into=target)
     load_s = time.perf_counter() - t0
     bus.close()
     a = np.asarray(lat) * 1e3

@@ -30,7 +30,7 @@
    observation normaliser is set from the replayed observations). A deterministic ``heldout``
    fraction of the pairs (by pair_id) is kept out of training and evaluated before and after.
    Written to ``out``: ``policy.safetensors`` (the PolicyVersion weights format: the
-   architecture travels in its metadata, so ``rlstream.policies`` can load or publish it) and
+   architecture travels in its metadata, so ``streams.policies`` can load or publish it) and
    ``summary.json``.
 """
 
@@ -49,7 +49,7 @@ import torch
 
 from agents.dpo import PreferenceBatch
 from rlstream.config import BusConfig
-from rlstream.policies import arch_of, load_into
+from streams.policies import arch_of, load_policy
 from logtools.subscribe import _decode, open_events
 from schemas.errors import CodecError
 from schemas.events import DeadLetter, PolicyVersion, PreferencePair, PreparedBatch, SampleBatch, now_ms
@@ -225,7 +225,7 @@ def _train_dpo(events: EventBus, pairs: list[tuple[Segment, Segment]], *, beta: 
     if found is not None:
         pv, rec = found
         try:
-            ref_policy = load_into(None, pv)
+            ref_policy = load_policy(pv)
         except CodecError as e:
             events.dead_letters.send(rec, e.reason, e, STAGE)
             reference["why_not_version"] = f"version {version} does not load: {e}"

@@ -14,7 +14,7 @@ from actor.policy_client import PolicySubscriber
 from learner.learner import Learner, LearnerConfig
 from rlstream.config import BusConfig, TrainConfig
 from runtime.metrics import Metrics
-from rlstream.policies import RedisBlobStore
+from streams.policies import RedisBlobStore
 from schemas.codec import Codec, SchemaTopic
 from schemas.events import SampleBatch
 from streams.bus import Bus, make_bus

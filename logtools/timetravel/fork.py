@@ -24,7 +24,7 @@ from learner.provenance import stamp
 from learner.snapshots import open_store
 from rlstream import wiring
 from rlstream.config import BusConfig
-from rlstream.policies import arch_of, publish_policy_version
+from streams.policies import arch_of, publish_policy_version
 from logtools.timetravel.record import Recorded
 from logtools.timetravel.verify import Replay, build_from_provenance, format_report, recorded_threads
 from schemas.events import now_ms

@@ -24,7 +24,7 @@ import torch
 from agents.core import Algorithm
 from learner.batching import StreamIds, to_trajectory_batch
 from learner.provenance import determinism, digest, record_digest
-from rlstream.policies import weights_bytes
+from streams.policies import weights_bytes
 from logtools.timetravel.record import Recorded
 from schemas.errors import CodecError
 from schemas.events import GradientStep, PolicyVersion

@@ -11,7 +11,7 @@ from actor.actor import Actor, ActorConfig
 from actor.envs import make_vector_env
 from actor.policy_client import PolicySubscriber
 from agents.networks import Policy
-from rlstream.policies import make_policy_version
+from streams.policies import make_policy_version
 from schemas.codec import Codec
 from schemas.events import SampleBatch
 from streams.bus.memory import MemoryBus

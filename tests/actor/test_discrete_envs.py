@@ -14,7 +14,7 @@ from actor.actor import Actor, ActorConfig
 from actor.envs import env_dims, make_vector_env
 from actor.policy_client import PolicySubscriber
 from agents.networks import Policy
-from rlstream.policies import arch_of, load_into, make_policy_version
+from streams.policies import arch_of, load_policy, make_policy_version
 from schemas.codec import Codec
 from schemas.events import SampleBatch
 from streams.bus.memory import MemoryBus
@@ -78,7 +78,7 @@ def test_categorical_policy_version_rebuilds_and_gives_is_weights_over_discrete_
     old, new = _categorical(1, nvec=(3, 2)), _categorical(2, nvec=(3, 2))
     pv = make_policy_version(new, policy_id="policy", version=5, parent_version=4, learner_id="t", algo="ppo")
     assert arch_of(new)["kind"] == "categorical_mlp" and arch_of(new)["nvec"] == [3, 2]
-    rebuilt = load_into(None, pv)
+    rebuilt = load_policy(pv)
     assert rebuilt.nvec == (3, 2)
     fn = PolicyLogpFn.from_policy_version(pv)  # what the stream processors build
     gen = torch.Generator().manual_seed(0)

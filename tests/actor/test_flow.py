@@ -16,7 +16,7 @@ from learner.batch_size import BatchSizeController
 from rlstream import wiring
 from rlstream.config import TrainConfig
 from runtime.metrics import Metrics
-from rlstream.policies import make_policy_version
+from streams.policies import make_policy_version
 from schemas.codec import Codec
 from streams.bus.memory import MemoryBus
 from streams.events import EventBus

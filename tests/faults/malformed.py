@@ -27,7 +27,7 @@ import torch
 from hypothesis import strategies as st
 
 from agents.networks import Policy
-from rlstream.policies import make_policy_version
+from streams.policies import make_policy_version
 from schemas.codec import MAGIC, Codec
 from schemas.events import (
     ClaimCheck,

@@ -33,7 +33,7 @@ import torch
 
 from actor.actor import Actor, ActorConfig
 from actor.policy_client import PolicySubscriber
-from rlstream.policies import load_into
+from streams.policies import load_policy
 from schemas.codec import Codec
 from schemas.events import DeadLetter, PolicyVersion, PreparedBatch, new_id
 from streams.bus.kafka import KafkaBus
@@ -68,7 +68,7 @@ def wait_until(pred, timeout: float, what: str, procs: Procs):
 
 def evaluate(pv: PolicyVersion, episodes: int = 3) -> float:
     """Mean return of the version's deterministic (mean-action) policy."""
-    policy = load_into(None, pv)
+    policy = load_policy(pv)
     env = gym.make(ENV_ID)
     low, high = env.action_space.low, env.action_space.high
     total = 0.0

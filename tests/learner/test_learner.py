@@ -9,7 +9,7 @@ import torch
 from agents.registry import make_algorithm
 from learner.learner import Learner, LearnerConfig
 from learner.snapshots import open_store
-from rlstream.policies import load_into
+from streams.policies import load_policy
 from schemas.codec import Codec
 from schemas.events import GradientStep, PolicyVersion, PreparedBatch, SampleBatch, new_id, now_ms
 from streams.bus.memory import MemoryBus
@@ -140,7 +140,7 @@ def test_resume_restores_state_seeks_to_snapshot_offsets_and_keeps_versions_mono
     assert step.batch_ids == [batches[2].sample.batch_id]
     assert (step.from_version, step.to_version) == (4, 5)
     assert lr2.step(0) is None  # nothing else pending
-    restored = load_into(None, versions(events)[-2])
+    restored = load_policy(versions(events)[-2])
     for k, t in restored.state_dict().items():
         assert torch.equal(t, snap_weights[k])
 
@@ -155,7 +155,7 @@ def test_rollback_republishes_a_snapshot_as_a_new_version(events, tmp_path):
     pv = versions(events)[-1]
     assert (pv.version, pv.parent_version) == (4, 1)
     w1, _ = store.load(1)
-    got = load_into(None, pv).state_dict()
+    got = load_policy(pv).state_dict()
     assert all(torch.equal(got[k], w1[k]) for k in w1)
 
 
@@ -223,7 +223,7 @@ def test_fragments_of_any_lengths_train_together_in_the_next_update_and_commits_
 
 
 def test_versions_continue_when_another_policy_published_last_on_the_shared_topic(events, tmp_path):
-    from rlstream.policies import make_policy_version, publish_policy_version
+    from streams.policies import make_policy_version, publish_policy_version
 
     lr = make(events, open_store(tmp_path))
     lr.start()

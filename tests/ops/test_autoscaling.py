@@ -16,7 +16,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from rlstream.obs.metrics import Metrics
+from runtime.metrics import Metrics
 from streams.topics import SAMPLES_RAW, STREAMS_GROUP
 
 from .test_manifests import K8S, exported_series_names, load_yaml_docs

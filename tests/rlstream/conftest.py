@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from agents.networks import Policy
-from rlstream.policies import make_policy_version
+from streams.policies import make_policy_version
 from schemas.codec import Codec
 from streams.bus.memory import MemoryBus
 from streams.events import EventBus

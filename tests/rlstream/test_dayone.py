@@ -112,7 +112,7 @@ def test_eval_records_mujoco_video_offscreen_from_a_snapshot(tmp_path):
 
     from agents.networks import Policy
     from learner.snapshots import open_store
-    from rlstream.policies import arch_of
+    from streams.policies import arch_of
 
     torch.manual_seed(0)
     policy = Policy(4, 1, hidden=(8,))

@@ -16,7 +16,7 @@ import torch
 
 from agents.dpo import segment_log_prob
 from agents.networks import Policy
-from rlstream.policies import policy_from_arch
+from streams.policies import policy_from_arch
 from logtools.replay import build_segments, pair_segments, run_replay
 from schemas.events import DeadLetter, PreferencePair, SampleBatch, now_ms
 from schemas.weights import decode_weights
