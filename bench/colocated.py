@@ -35,8 +35,9 @@ from runtime.metrics import Metrics
 from schemas.events import PreparedBatch, now_ms
 
 
-class _DirectPolicy:
-    """Feeds the actor the learner's live policy without any event (the peer loop)."""
+class DirectPolicy:
+    """Feeds an actor one policy object without any event (the peer loop: the learner's live
+    policy; bench/rollout.py: a fixed one)."""
 
     def __init__(self, policy) -> None:
         self.policy, self.version = policy, 0
@@ -54,7 +55,7 @@ def peer_loop(cfg: TrainConfig, train: bool) -> dict:
     env = make_vector_env(cfg.env_id, cfg.num_envs)
     acfg = ActorConfig(env_id=cfg.env_id, num_envs=cfg.num_envs, fragment_steps=cfg.effective_fragment_steps(),
                        seed=cfg.seed)
-    source = _DirectPolicy(algo.policy)
+    source = DirectPolicy(algo.policy)
     actor = Actor(acfg, source, events=None, env=env)
     ids = StreamIds()
     steps, t0 = 0, time.perf_counter()

@@ -24,19 +24,7 @@ import torch
 from actor.actor import Actor, ActorConfig
 from actor.envs import make_vector_env, spec_of
 from agents.base import PolicyConfig, build_policy
-
-
-class _FixedPolicy:
-    """A PolicySubscriber stand-in holding one policy (no bus: this bench times the rollout)."""
-
-    def __init__(self, policy) -> None:
-        self.policy, self.version = policy, 0
-
-    def poll(self, timeout: float = 0.0) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
+from colocated import DirectPolicy  # bench/ is on sys.path when a bench script runs
 
 
 def raw_env_sps(env_id: str, num_envs: int, mode: str, steps: int, seed: int = 0) -> tuple[float, float]:
@@ -59,7 +47,7 @@ def actor_sps(env_id: str, num_envs: int, mode: str, steps: int, fragment: int =
     spec = spec_of(env, env_id)
     policy = build_policy(PolicyConfig(), spec.obs_dim, spec.act_dim)
     actor = Actor(ActorConfig(env_id=env_id, num_envs=num_envs, fragment_steps=fragment, vector_mode=mode),
-                  _FixedPolicy(policy), events=None, env=env)
+                  DirectPolicy(policy), events=None, env=env)
     T = max(1, min(fragment, steps // num_envs))
     actor.collect(min(T, 64))  # warm-up
     done, t0, c0 = 0, time.perf_counter(), time.process_time()

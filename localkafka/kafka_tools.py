@@ -21,6 +21,7 @@ import json
 import re
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Mapping
 
@@ -106,11 +107,18 @@ def parse_table(text: str) -> list[dict[str, object]]:
     return rows
 
 
-def describe_group(bootstrap: str, group: str, **kw) -> list[dict[str, object]]:
+def describe_group(bootstrap: str, group: str, deadline_s: float = 120.0, **kw) -> list[dict[str, object]]:
     """``kafka-consumer-groups --describe --group group``, parsed: one dict per partition with
     GROUP, TOPIC, PARTITION, CURRENT-OFFSET, LOG-END-OFFSET, LAG, CONSUMER-ID, HOST, CLIENT-ID.
-    The raw text is on the returned list's ``text`` attribute."""
-    res = run_tool(CONSUMER_GROUPS, "--describe", "--group", group, bootstrap=bootstrap, **kw)
+    The raw text is on the returned list's ``text`` attribute. A retriable failure of the tool (its
+    admin client timing out on a busy broker, ``TimeoutException``) is run again until
+    ``deadline_s``; the tool itself waits 30 s per call instead of its default 5 s."""
+    until = time.monotonic() + deadline_s
+    while True:
+        res = run_tool(CONSUMER_GROUPS, "--describe", "--group", group, "--timeout", "30000",
+                       bootstrap=bootstrap, **kw)
+        if "TimeoutException" not in res.stdout + res.stderr or time.monotonic() >= until:
+            break
     rows = _Rows(parse_table(res.stdout))
     rows.text = res.stdout
     return rows

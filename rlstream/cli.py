@@ -265,7 +265,8 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
     run_dir = resolve_run_dir(a.run_dir, run_id, base.resume) if mode == "colocated" else (
         a.run_dir or Path("runs") / "decoupled")
     bus = BusConfig.from_env(kind=a.bus or None, bootstrap=a.bootstrap, log_dir=a.log_dir, namespace=a.namespace)
-    bus = replace(bus, partitions=a.partitions)
+    if a.partitions is not None:
+        bus = replace(bus, partitions=a.partitions)
     if a.command == "train" and mode == "decoupled":
         bus = replace(bus, namespace=train_namespace(bus.namespace, a.namespace, run_id, run_dir, base.resume))
     if mode == "colocated" and (a.bus or "memory") == "memory":

@@ -129,14 +129,23 @@ Blobs = Union[BlobStore, Callable[[ClaimCheck], bytes], None]
 
 @dataclass
 class RedisBlobStore:
-    """Claim-check store on Redis (weights over the inline limit)."""
+    """Claim-check store on Redis (weights over the inline limit). A blob of tens of MB to many
+    readers at once takes longer than redis-py's 5 s default: reads wait up to ``timeout_s``, and a
+    timeout or dropped connection is retried with backoff (``retries``) before it is an error."""
 
     url: str
+    timeout_s: float = 60.0
+    retries: int = 5
 
     def __post_init__(self) -> None:
         import redis
+        from redis.backoff import ExponentialBackoff
+        from redis.retry import Retry
 
-        self._r = redis.Redis.from_url(self.url)
+        self._r = redis.Redis.from_url(
+            self.url, socket_timeout=self.timeout_s, socket_connect_timeout=10.0,
+            retry=Retry(ExponentialBackoff(cap=5.0, base=0.1), self.retries),
+            retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError])
 
     def put(self, key: str, data: bytes) -> None:
         self._r.set(key, data)

@@ -5,9 +5,9 @@
     worker.run(stop)                 # or: while ...: worker.step(0.1)
 
 Each ``step``: read new PolicyVersions (an ephemeral reader: every worker sees every version,
-starting K + 1 back from the end, ``streams.shell.policy_starts``), poll raw SampleBatches, hand
-each to the shell core (``streams.shell.ShellCore``: decode, dead-letter, hold, prepare, emit),
-write what it returns through the ``EventBus``'s bus, flush, then commit.
+starting K + 1 records of its policy back from the end, ``streams.policies.StartRule.back``),
+poll raw SampleBatches, hand each to the shell core (``streams.shell.ShellCore``: decode,
+dead-letter, hold, prepare, emit), write what it returns through the ``EventBus``'s bus, flush, then commit.
 
 Commits never pass a batch still held in the reorder buffer: the committed offset of a
 partition stops at the lowest held offset, so a crash redelivers held batches (at least once;
@@ -25,7 +25,8 @@ from typing import Any
 from schemas.events import PolicyVersion, SampleBatch
 from streams.events import EventBus, EventConsumer
 from streams.processors.pipeline import Prepare
-from streams.shell import PolicyRecords, Send, ShellCore, policy_starts
+from streams.policies import PolicyFollower, StartRule
+from streams.shell import PolicyRecords, Send, ShellCore
 from streams.shell import policy_backlog as backlog_of
 from streams.topics import POLICY_VERSIONS, SAMPLES_RAW, STREAMS_GROUP
 
@@ -56,8 +57,9 @@ class PrepareWorker:
         self.metrics = metrics
         self.core = ShellCore(prepare, events.dead_letters, STAGE, events.codec, policy_records)
         self.samples: EventConsumer = events.consumer(group, [SAMPLES_RAW], stage=STAGE, expect=SampleBatch)
-        ends = {(POLICY_VERSIONS, p): e for p, e in events.bus.end_offsets(POLICY_VERSIONS).items()}
-        start = policy_starts(ends, backlog_of(prepare, policy_backlog))
+        # K + 1 records of this policy back from the end (the policy layer's start rule)
+        rule = StartRule.back(backlog_of(prepare, policy_backlog) - 1)
+        start = PolicyFollower(events, prepare.policy_id, rule, stage=STAGE).start_offsets()
         self.policies: EventConsumer = events.consumer(None, [POLICY_VERSIONS], stage=STAGE,
                                                        expect=PolicyVersion, start=start or "earliest")
         self._polled: dict[int, int] = {}  # partition -> next offset after the last polled record

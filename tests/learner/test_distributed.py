@@ -116,12 +116,14 @@ def test_devices_one_per_rank():
 
 def test_the_decoupled_parent_passes_the_rank_settings_to_its_learner(tmp_path):
     from rlstream.cli import build_parser, train_config
-    from rlstream.decoupled import _role_cmd
+    from rlstream.config import read_config, write_config
+    from rlstream.decoupled import child_commands, child_config
 
     a = build_parser().parse_args(["train", "--mode", "decoupled", "--learners", "2", "--grad-compression", "bf16",
                                    "--run-dir", str(tmp_path)])
     cfg = train_config(a)
-    child = train_config(build_parser().parse_args(_role_cmd("learner", cfg, [])[3:]), default_bus="kafka")
+    path = write_config(child_config(cfg), tmp_path / "config.json")
+    child = read_config(path)  # what the learner process reads (rlstream learner --config PATH)
     assert (child.learners, child.device, child.grad_compression) == (2, "cpu", "bf16")
-    actor = train_config(build_parser().parse_args(_role_cmd("actor", cfg, [])[3:]), default_bus="kafka")
-    assert actor.learners is None  # actors are not ranks
+    learner_cmd = child_commands(cfg, path)["learner"]
+    assert learner_cmd[3:] == ["learner", "--config", str(path), "--log-json"]

@@ -233,7 +233,11 @@ def test_the_faust_shell_fetches_claim_checked_weights_from_redis_url(monkeypatc
 
     monkeypatch.setenv("REDIS_URL", blobs.url)
     cfg = PrepareConfig(max_versions=4, max_ms=None, reorder_timeout_ms=10, policy_id="p", behaviour_cap=None)
-    sa = StreamsApp(StreamsSettings(app_id=f"test-{uuid.uuid4().hex[:8]}", prepare=cfg), metrics=None)
+    sa = StreamsApp(StreamsSettings(app_id=f"test-{uuid.uuid4().hex[:8]}", prepare=cfg, raw_partitions=1),
+                    metrics=None)
+    # the app's own weights loader (from REDIS_URL), over a dict for the per-actor state: its Faust
+    # table writes a changelog, which needs the running app this in-process test does not start
+    sa.prepare, sa.actor_state = Prepare.from_config(cfg, sa.prepare.logp_factory), None
     sent: list[tuple[str, bytes]] = []
 
     async def capture(topic, key, value, headers):  # the app's output seam
