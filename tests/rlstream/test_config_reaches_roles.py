@@ -56,8 +56,8 @@ def every_field_set(tmp_path: Path, bootstrap: str) -> TrainConfig:
         if name != "bus":
             assert train[name] != getattr(plain, name), f"{name} is at its default"
             assert name == "algo" or train[name] != getattr(algo, name), f"{name} is at the algorithm's default"
-    for name, value in bus.items():
-        assert value != getattr(BusConfig(), name), f"bus.{name} is at its default"
+    for name, value in bus.items():  # the broker's address is the test's; CI's may be the default one
+        assert name == "bootstrap" or value != getattr(BusConfig(), name), f"bus.{name} is at its default"
     for name, value in PREPARE.items():
         assert value != getattr(PrepareConfig.for_algo("tba"), name), f"streams.{name} is at the algorithm's default"
     return TrainConfig(**train)

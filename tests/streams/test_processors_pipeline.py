@@ -257,11 +257,13 @@ class TestWorker:
 
     def test_bad_policy_record_is_skipped_and_counted(self, setup):
         clock, bus, events, prepare = setup
-        bus.produce(POLICY_VERSIONS, b"\xc3\x01junkjunkjunk")
+        # the reader starts K + 1 = 3 versions of its policy back, so it reads the bad record between them
         events.publish(POLICY_VERSIONS, policy_version(0, clock.t), key="p")
+        bus.produce(POLICY_VERSIONS, b"\xc3\x01junkjunkjunk")
+        events.publish(POLICY_VERSIONS, policy_version(1, clock.t), key="p")
         worker = PrepareWorker(events, prepare)
         worker.step(0)
-        assert prepare.stats.latest_version == 0 and prepare.stats.policy_errors == 1
+        assert prepare.stats.latest_version == 1 and prepare.stats.policy_errors == 1
         assert list(read(bus, DEADLETTER, DeadLetter)) == [] and worker.skipped == 1  # the learner's to dead-letter
         assert events.dead_letters.skipped == {(POLICY_VERSIONS, "unknown_schema"): 1}
 
