@@ -63,12 +63,12 @@ import faust
 
 from schemas.codec import Codec
 from streams.bus.base import Record
-from streams.events import DeadLetters
+from streams.events import DeadLetters, EventBus
+from streams.policies import PolicyFollower, StartRule, blob_store_from_env
 from streams.processors.importance import PolicyLogpFn
-from streams.policies import blob_store_from_env
 from streams.processors.pipeline import Prepare, PrepareConfig
-from streams.shell import PolicyRecords, Send, ShellCore, policy_backlog, policy_starts
 from streams.runconfig import read_run_config, write_run_config
+from streams.shell import PolicyRecords, Send, ShellCore, policy_backlog, policy_starts
 from streams.topics import (
     DEADLETTER,
     LEGACY,
@@ -461,12 +461,29 @@ class StreamsApp:
             **aiokafka_security(self.settings.client_config),
         )
 
+    def policy_start_offsets(self, topic: str, backlog: int) -> dict[int, int]:
+        """Partition -> offset of the ``backlog``-th newest record of this shell's policy (the
+        policy layer's ``StartRule.back``), read with a plain Kafka client."""
+        from streams.bus.kafka import KafkaBus
+
+        hosts = ",".join(u.split("://", 1)[-1] for u in broker_urls(self.settings.brokers))
+        bus = KafkaBus(hosts, config=dict(self.settings.client_config), auto_create=False,
+                       client_id=f"{self.settings.app_id}-policy-start")
+        try:
+            follower = PolicyFollower(EventBus(bus, self.codec), self.prepare.policy_id,
+                                      StartRule.back(backlog - 1), topic=topic, stage=STAGE)
+            return {p: offset for (_, p), offset in follower.start_offsets().items()}
+        finally:
+            bus.close()
+
     async def follow_policies(self, consumer: Any = None) -> None:
-        """Read every PolicyVersion from ``max_versions + 1`` back from the end of each partition,
-        for as long as the app runs (see the module docstring)."""
+        """Read every PolicyVersion from ``max_versions + 1`` records of this policy back from the
+        end of each partition (``policy_start_offsets``; an injected ``consumer``: that many
+        records of any policy), for as long as the app runs (see the module docstring)."""
         from aiokafka import TopicPartition
 
         ready = self._policies_ready = asyncio.Event()
+        own_reader = consumer is None
         consumer = consumer if consumer is not None else self._policy_consumer()
         backlog = policy_backlog(self.prepare, self.settings.policy_backlog)
         topic = self.settings.namespace.topic(POLICY_VERSIONS)
@@ -484,8 +501,13 @@ class StreamsApp:
                 consumer.assign(tps)
             ends = await consumer.end_offsets(tps)
             starts = await consumer.beginning_offsets(tps)
+            offsets = policy_starts(ends, backlog, starts)
+            if own_reader:
+                mine = await asyncio.get_running_loop().run_in_executor(
+                    None, self.policy_start_offsets, topic, backlog)
+                offsets = {tp: max(starts.get(tp, 0), mine.get(tp.partition, off)) for tp, off in offsets.items()}
             pending = {}
-            for tp, offset in policy_starts(ends, backlog, starts).items():
+            for tp, offset in offsets.items():
                 consumer.seek(tp, offset)
                 if ends[tp] > starts.get(tp, 0):
                     pending[tp.partition] = ends[tp]
