@@ -58,11 +58,14 @@ def read_topics(bootstrap: str) -> dict[str, list[tuple[int, int, object]]]:
 
 
 def drop_counters(processes: dict) -> Counter:
-    """reason -> samples the stream workers dropped (their summaries' ``dropped_samples``)."""
+    """reason -> samples the stream workers dropped (their summaries' ``dropped_samples``), less
+    ``duplicate``: a second copy of a batch already prepared (a restarted worker re-reading records
+    its predecessor had not committed), not a produced sample."""
     out = Counter()
     for name, summary in processes.items():
         if name.startswith("streams"):
             out.update(summary["dropped_samples"])
+    out.pop("duplicate", None)
     return out
 
 
