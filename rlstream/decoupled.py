@@ -22,7 +22,7 @@ from rlstream.config import TrainConfig, write_config
 from runtime.logging import bind_policy_version
 from runtime.metrics import Metrics
 from runtime.tensorboard import TensorBoardRun
-from runtime.ports import ENV_CONFIG, ENV_KAFKA_BROKERS, ENV_METRICS_PORT, ENV_NAMESPACE, ENV_RUN_DIR
+from runtime.ports import ENV_CONFIG, ENV_KAFKA_BROKERS, ENV_METRICS_PORT, ENV_NAMESPACE, ENV_PROCESS, ENV_RUN_DIR
 from runtime.progress import Progress, read_state
 from runtime.roles import Slot, clear_summaries, drive, read_summaries, write_summary
 from streams.runconfig import CONFIG_FILE
@@ -347,7 +347,7 @@ class Supervisor:
         self.cmds[name] = cmd
         mode = "a" if name in self.procs else "w"
         self.procs[name] = subprocess.Popen(cmd, stdout=self.log_path(name).open(mode), stderr=subprocess.STDOUT,
-                                            env=self.env, start_new_session=True)
+                                            env={**self.env, ENV_PROCESS: name}, start_new_session=True)
 
     def check(self, done_ok: set[str]) -> None:
         """Schedule a restart of each role that died (exit 0 of a role in ``done_ok`` is done),

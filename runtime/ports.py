@@ -64,6 +64,9 @@ ENV_NAMESPACE = "RLSTREAM_NAMESPACE"
 #: Run directory of a decoupled run, set for the Faust worker (started by faust's own CLI), which
 #: writes its summary there (``runtime.roles.write_summary``); unset: no summary file.
 ENV_RUN_DIR = "RLSTREAM_RUN_DIR"
+#: The name a decoupled run's supervisor gave this child (``streams``, ``streams-1``, ...): the
+#: Faust worker's summary file is named after it, so N workers do not overwrite one file.
+ENV_PROCESS = "RLSTREAM_PROCESS"
 #: A run's config file (``<run-dir>/config.json``, ``rlstream.config.write_config``): ``rlstream
 #: actor``/``learner`` and the Faust worker take every setting from it instead of flags/env.
 ENV_CONFIG = "RLSTREAM_CONFIG"

@@ -564,14 +564,15 @@ class StreamsApp:
 
     def write_summary(self) -> None:
         """One ``{"summary": ...}`` line on the real stdout (the worker redirects ``sys.stdout``),
-        and ``<run-dir>/streams.summary.json`` when the run directory is set."""
+        and ``<run-dir>/<process>.summary.json`` when the run directory is set (``streams``
+        unless the supervisor named this worker otherwise: ``ENV_PROCESS``)."""
         from runtime import roles
-        from runtime.ports import ENV_RUN_DIR
+        from runtime.ports import ENV_PROCESS, ENV_RUN_DIR
 
         out = sys.__stdout__ or sys.stdout
         try:
             if os.environ.get(ENV_RUN_DIR):
-                roles.write_summary(os.environ[ENV_RUN_DIR], "streams", self.summary())
+                roles.write_summary(os.environ[ENV_RUN_DIR], os.environ.get(ENV_PROCESS) or "streams", self.summary())
             out.write(json.dumps({"summary": self.summary()}, sort_keys=True, default=str) + "\n")
             out.flush()
         except Exception:
