@@ -94,8 +94,8 @@ def test_faust_worker_end_to_end(bootstrap, tmp_path):
                              headers=list(CODEC.headers_for(ev_or_bytes).items()))
 
     try:
-        send(POLICY_VERSIONS, b"other", policy_version(10**15, "someone-else"))  # not ours: ignored
         send(POLICY_VERSIONS, policy_id.encode(), policy_version(version, policy_id))
+        send(POLICY_VERSIONS, b"other", policy_version(10**15, "someone-else"))  # not ours, after ours: read and ignored
         producer.flush(30)
         def follows_our_version() -> bool:  # ready once the worker follows our policy version
             assert proc.poll() is None, log_path.read_text()[-5000:]
