@@ -19,8 +19,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from collections import Counter, defaultdict
 
 import pytest
@@ -40,7 +38,7 @@ from streams.topics import (
 from tests.support.kafka import committed
 
 from .conftest import ENV_ID, FRAGMENT, TopicCounter, wait_for
-from .test_supervision import child_pid
+from .test_supervision import child_pid, start_decoupled
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 CODEC = Codec()
@@ -71,19 +69,10 @@ def drop_counters(processes: dict) -> Counter:
 
 def test_four_partitions_three_actors_two_workers_two_ranks_account_for_every_sample(private_kafka, tmp_path):
     run_dir = tmp_path / "run"
-    env = {**os.environ, "KAFKA_BROKERS": private_kafka.bootstrap, "OMP_NUM_THREADS": "1",
-           "PYTHONUNBUFFERED": "1", "BROKER_SESSION_TIMEOUT": "6"}  # Faust's: a dead member leaves in 6 s
-    env.pop("RLSTREAM_METRICS_PORT", None)
-    cmd = [sys.executable, "-m", "rlstream.cli", "train", "--mode", "decoupled", "--bus", "kafka",
-           "--bootstrap", private_kafka.bootstrap, "--namespace", NS.name, "--algo", "ppo", "--env", ENV_ID,
-           "--num-actors", str(ACTORS), "--partitions", str(PARTITIONS), "--stream-workers", str(WORKERS),
-           "--learners", str(RANKS), "--num-envs", "1", "--fragment-steps", str(FRAGMENT),
-           "--train-batch-size", str(2 * FRAGMENT), "--total-steps", str(12 * FRAGMENT),
-           "--max-versions", "1000000", "--set", "update_epochs=1", "--set", "num_minibatches=1",
-           "--torch-threads", "1", "--run-dir", str(run_dir), "--log-every", "1", "--metrics-port", "-1",
-           "--log-json", "--no-plot", "--tensorboard", "off"]
-    out = (tmp_path / "parent.log").open("w")
-    parent = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    parent = start_decoupled(private_kafka.bootstrap, NS, run_dir, tmp_path / "parent.log",
+                             "--num-actors", str(ACTORS), "--partitions", str(PARTITIONS),
+                             "--stream-workers", str(WORKERS), "--learners", str(RANKS),
+                             "--total-steps", str(12 * FRAGMENT), "--torch-threads", "1")
     prepared = None
     marker = str(run_dir / "streams-data")  # the first Faust worker's data dir
 

@@ -58,20 +58,26 @@ def read_ledger(bootstrap: str) -> tuple[Ledger, dict[str, list[tuple[str, int, 
     return ledger, placed
 
 
-def test_streams_sigkill_is_restarted_and_the_run_completes(private_kafka, tmp_path):
-    run_dir = tmp_path / "run"
-    env = {**os.environ, "KAFKA_BROKERS": private_kafka.bootstrap, "OMP_NUM_THREADS": "1",
+def start_decoupled(bootstrap: str, ns: Namespace, run_dir: Path, log: Path, *flags: str) -> subprocess.Popen:
+    """``rlstream train --mode decoupled`` (PPO on ENV_ID, one env, FRAGMENT-step fragments, one
+    epoch) in its own session, its output in ``log``; ``flags`` add to or override these."""
+    env = {**os.environ, "KAFKA_BROKERS": bootstrap, "OMP_NUM_THREADS": "1",
            "PYTHONUNBUFFERED": "1", "BROKER_SESSION_TIMEOUT": "6"}  # Faust's: a dead member leaves in 6 s
     env.pop("RLSTREAM_METRICS_PORT", None)
     cmd = [sys.executable, "-m", "rlstream.cli", "train", "--mode", "decoupled", "--bus", "kafka",
-           "--bootstrap", private_kafka.bootstrap, "--namespace", NS.name, "--algo", "ppo", "--env", ENV_ID,
-           "--num-actors", "2", "--partitions", "2", "--num-envs", "1", "--fragment-steps", str(FRAGMENT),
-           "--train-batch-size", str(2 * FRAGMENT), "--total-steps", str(10 * 2 * FRAGMENT),
+           "--bootstrap", bootstrap, "--namespace", ns.name, "--algo", "ppo", "--env", ENV_ID,
+           "--num-envs", "1", "--fragment-steps", str(FRAGMENT), "--train-batch-size", str(2 * FRAGMENT),
            "--max-versions", "1000000", "--set", "update_epochs=1", "--set", "num_minibatches=1",
            "--run-dir", str(run_dir), "--log-every", "1", "--metrics-port", "-1", "--log-json", "--no-plot",
-           "--tensorboard", "off"]
-    out = (tmp_path / "parent.log").open("w")
-    parent = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+           "--tensorboard", "off", *flags]
+    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def test_streams_sigkill_is_restarted_and_the_run_completes(private_kafka, tmp_path):
+    run_dir = tmp_path / "run"
+    parent = start_decoupled(private_kafka.bootstrap, NS, run_dir, tmp_path / "parent.log",
+                             "--num-actors", "2", "--partitions", "2",
+                             "--total-steps", str(10 * 2 * FRAGMENT))
     steps = TopicCounter(private_kafka.bootstrap, NS.topic(LEARNER_STEPS), CODEC.decode)
     marker = str(run_dir / "streams-data")
 
