@@ -1,7 +1,8 @@
 """Scale-out: samples/s against actors x stream workers, on a real Kafka broker, in one run.
 
-For each (actors, stream workers) pair, a short ``run_decoupled`` (learner, N Faust workers in one
-group, M actor processes; sample topics with ``--partitions`` partitions, default 4); before them,
+For each (actors, stream workers, learner ranks) triple, a short ``run_decoupled`` (L learner
+ranks over torch.distributed, N Faust workers in one group, M actor processes; sample topics with
+``--partitions`` partitions, default 4); before them,
 the single-process co-located run on the same settings as the baseline. Per run it reports:
 
 - ``sps_steady``: samples trained per second by updates 2..N (GradientStep events; start-up left
@@ -12,13 +13,13 @@ the single-process co-located run on the same settings as the baseline. Per run 
   steps / the time it spent collecting and publishing, waits left out), the sample bytes per record and the broker write rate per partition
   (``raw_mb_per_s_per_partition``), and the policy fan-out (PolicyVersion bytes x readers / s).
 
-Learner ranks are one axis more once data-parallel learners (``--learners``) exist in this tree;
-until then every run has one learner rank, and ``learner_ranks`` says so in the JSON.
+On one host the learner ranks share its cores with everything else (gloo on CPU); the axis says
+what the all-reduce costs here, not what several GPUs would gain.
 
 Prints one JSON document. The broker is a private ``LocalKafka`` (``--bootstrap`` uses another,
 each run in a namespace of its own).
 
-    python bench/scale.py --env Pendulum-v1 --steps 4096 --actors 1,2,4 --workers 1,2
+    python bench/scale.py --env Pendulum-v1 --steps 4096 --actors 1,2,4 --workers 1,2 --learners 1,2
 """
 
 from __future__ import annotations
@@ -79,9 +80,10 @@ def figures(bootstrap: str, ns: Namespace, partitions: int, readers: int) -> dic
     }
 
 
-def one(base: dict, bootstrap: str, run_dir: Path, actors: int, workers: int, partitions: int) -> dict:
+def one(base: dict, bootstrap: str, run_dir: Path, actors: int, workers: int, partitions: int, ranks: int = 1) -> dict:
     ns = Namespace(f"scale-{uuid.uuid4().hex[:8]}")
-    cfg = TrainConfig(**base, mode="decoupled", num_actors=actors, stream_workers=workers, run_dir=run_dir,
+    cfg = TrainConfig(**base, mode="decoupled", num_actors=actors, stream_workers=workers, learners=ranks,
+                      run_dir=run_dir,
                       bus=BusConfig(kind="kafka", bootstrap=bootstrap, partitions=partitions, namespace=ns.name),
                       policy_id=f"bench-{ns.name}")
     t0 = time.perf_counter()
@@ -89,7 +91,7 @@ def one(base: dict, bootstrap: str, run_dir: Path, actors: int, workers: int, pa
     wall = time.perf_counter() - t0
     procs = summary["processes"]
     actor_sps = [p["steps"] / p["collect_s"] for n, p in procs.items() if n.startswith("actor") and p.get("collect_s")]
-    out = {"actors": actors, "stream_workers": workers, "learner_ranks": 1, "wall_s": round(wall, 1),
+    out = {"actors": actors, "stream_workers": workers, "learner_ranks": ranks, "wall_s": round(wall, 1),
            "exit_codes": summary["exit_codes"], "restarts": summary["restarts"],
            "actor_sps": round(sum(actor_sps) / len(actor_sps), 1) if actor_sps else None,
            **figures(bootstrap, ns, partitions, readers=actors + workers)}
@@ -104,6 +106,7 @@ def main() -> None:
     ap.add_argument("--train-batch-size", type=int, default=512)
     ap.add_argument("--actors", default="1,2,4")
     ap.add_argument("--workers", default="1,2")
+    ap.add_argument("--learners", default="1", help="learner ranks (torch.distributed), comma separated")
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--bootstrap", default=None, help="use this broker instead of a private one")
     args = ap.parse_args()
@@ -117,7 +120,8 @@ def main() -> None:
         co = colocated(TrainConfig(**base, run_dir=Path(d) / "colocated"))
         for a in (int(x) for x in args.actors.split(",")):
             for w in (int(x) for x in args.workers.split(",")):
-                runs.append(one(base, bootstrap, Path(d) / f"a{a}w{w}", a, w, args.partitions))
+                for r in (int(x) for x in args.learners.split(",")):
+                    runs.append(one(base, bootstrap, Path(d) / f"a{a}w{w}r{r}", a, w, args.partitions, r))
     baseline = co.get("sps_steady")
     for r in runs:
         r["vs_colocated"] = round(r["sps_steady"] / baseline, 3) if r.get("sps_steady") and baseline else None
@@ -127,7 +131,6 @@ def main() -> None:
                  "load_1m": round(os.getloadavg()[0], 2)},
         "env": args.env, "algo": args.algo, "steps": args.steps, "train_batch_size": args.train_batch_size,
         "partitions": args.partitions,
-        "learner_ranks": "1 in every run: this tree has no data-parallel learner (--learners) yet",
         "colocated": {k: co.get(k) for k in ("sps_steady", "sps_wall", "updates", "wall_s")},
         "runs": runs,
     }, indent=2))

@@ -54,6 +54,7 @@ import logging
 import os
 import ssl
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,7 +69,7 @@ from streams.policies import PolicyFollower, StartRule, blob_store_from_env
 from streams.processors.importance import PolicyLogpFn
 from streams.processors.pipeline import Prepare, PrepareConfig
 from streams.runconfig import read_run_config, write_run_config
-from streams.shell import PolicyRecords, Send, ShellCore, policy_backlog, policy_starts
+from streams.shell import SEEK, TAKE, InOrderAcks, PolicyRecords, Send, ShellCore, policy_backlog, policy_starts
 from streams.topics import (
     DEADLETTER,
     LEGACY,
@@ -123,6 +124,10 @@ class StreamsSettings:
     torch_threads: int = 1
     """Intra-op threads for the IS forward pass (small MLPs are fastest on one; 0: torch's default)."""
     commit_interval_s: float = 0.5
+    gap_check_s: float = 1.0
+    """How often each owned partition is checked for records the consumer dropped: nothing has
+    arrived for ``gap_stall_s`` although the partition's end is past the next offset expected."""
+    gap_stall_s: float = 3.0
     """How often acked offsets of rl.samples.raw are committed (the backlog others watch)."""
     policy_backlog: int | None = None
     """PolicyVersion records read back from the end of each partition on start (None: the
@@ -170,10 +175,13 @@ class StreamsSettings:
 
 def prepare_config_from_env(env: Mapping[str, str]) -> PrepareConfig:
     """``RLSTREAM_ALGO`` picks the algorithm's defaults; ``RLSTREAM_STALENESS_K`` / ``_MS`` /
-    ``_MODE`` override the window and ``RLSTREAM_POLICY_ID`` the policy followed (default
-    ``policy``; ``rlstream train --mode decoupled`` sets them all)."""
+    ``_MODE`` override the window, ``RLSTREAM_REORDER_TIMEOUT_MS`` how long a sequence gap is
+    waited for, and ``RLSTREAM_POLICY_ID`` the policy followed (default ``policy``;
+    ``rlstream train --mode decoupled`` passes a run config file instead)."""
     overrides: dict[str, Any] = {}
     try:
+        if env.get("RLSTREAM_REORDER_TIMEOUT_MS", "").strip():
+            overrides["reorder_timeout_ms"] = int(env["RLSTREAM_REORDER_TIMEOUT_MS"])
         if env.get("RLSTREAM_STALENESS_K", "").strip():
             overrides["max_versions"] = int(env["RLSTREAM_STALENESS_K"])
         if env.get("RLSTREAM_STALENESS_MS", "").strip():
@@ -314,15 +322,16 @@ class TableState(MutableMapping):
     def __len__(self) -> int:
         return len(self.table.data)
 
-    def flush(self) -> list[Any]:
-        """Send the queued changes; their futures (done once each is written)."""
-        futs = []
-        for key, (partition, value) in self.pending.items():
-            if partition >= 0:  # None: a tombstone, as Faust deletes a key
-                futs.append(self.table.send_changelog(partition, key, value,
-                                                      value_serializer="raw" if value is None else None))
-        self.pending.clear()
-        return futs
+    async def flush(self) -> None:
+        """Send the queued changes and wait until each is written; what fails stays queued."""
+        sent = dict(self.pending)
+        futs = [self.table.send_changelog(partition, key, value, value_serializer="raw" if value is None else None)
+                for key, (partition, value) in sent.items() if partition >= 0]  # None: a tombstone
+        for fut in futs:
+            await fut
+        for key, change in sent.items():
+            if self.pending.get(key) is change:
+                del self.pending[key]
 
 
 class StreamsApp:
@@ -354,6 +363,10 @@ class StreamsApp:
             consumer_max_fetch_size=MAX_MESSAGE_BYTES,
             consumer_auto_offset_reset="earliest",
             broker_commit_interval=settings.commit_interval_s,
+            # No standby copies of the actor-state table: its changelog is small (one record per
+            # actor), and a standby turning active on a takeover could leave recovery waiting on
+            # changelog records it never fetched (seen with faust-streaming 0.15.3).
+            table_standby_replicas=0,
         )
         self.topics = {name: self._topic(name) for name in (SAMPLES_RAW, SAMPLES_PREPARED, DEADLETTER)}
         self.actor_state: TableState | None = None
@@ -368,6 +381,9 @@ class StreamsApp:
         self.core = ShellCore(prepare, DeadLetters(None, self.codec, hooks[0], on_skip=hooks[1]), STAGE,
                               self.codec, policy_records)
         self._policies_ready: asyncio.Event | None = None  # set by follow-policies once caught up
+        self.acks = InOrderAcks(lambda event: (event.message.partition, event.message.offset))
+        self._unwritten: list[Any] = []
+        self._arrived_at: dict[int, float] = {}  # partition -> monotonic time of its last record  # records done whose per-actor state is not written yet
         self.partitions: set[int] = set()  # of rl.samples.raw, assigned to this worker
         self._wire()
 
@@ -400,6 +416,10 @@ class StreamsApp:
         async def reorder_tick():
             await self.tick()
 
+        @app.timer(self.settings.gap_check_s, name="gap-watch")
+        async def gap_watch():
+            await self.watch_gaps()
+
         @app.timer(self.settings.stats_interval_s, name="stats-log")
         async def stats_log():
             log.info("prepare stats %s", json.dumps(self.prepare.stats.as_dict(), sort_keys=True))
@@ -421,6 +441,7 @@ class StreamsApp:
         async def on_assigned(sender, assigned, **kwargs):
             raw = self.settings.namespace.topic(SAMPLES_RAW)
             self.partitions = {tp.partition for tp in assigned if tp.topic == raw}
+            await self.on_assigned(self.partitions)
 
         @app.on_before_shutdown.connect
         async def write_summary(sender, **kwargs):
@@ -547,20 +568,97 @@ class StreamsApp:
     # -- the sample stream ------------------------------------------------------------------
     async def on_sample_event(self, event: Any) -> int:
         await self.wait_for_policies()
+        msg = event.message
+        self._arrived_at[msg.partition] = time.monotonic()
+        verdict = self.acks.arrived(event)
+        if verdict == SEEK:
+            back = self.acks.next(msg.partition)
+            log.warning("rl.samples.raw partition %d: the consumer skipped offsets %d..%d; seeking back to %d",
+                        msg.partition, back, msg.offset - 1, back)
+            await self._rewind(msg.tp, back)
+        if verdict != TAKE:
+            return 0
         return await self._deliver(self.core.on_sample(as_record(event.message, self.settings.namespace), event))
+
+    async def watch_gaps(self) -> int:
+        """Seek back every owned partition of rl.samples.raw whose records stopped arriving
+        although its end (the consumer's highwater) is past the next offset expected: records
+        the consumer dropped with nothing after them to show the gap. Returns how many."""
+        from faust.types import TP
+
+        topic, now, n = self.settings.namespace.topic(SAMPLES_RAW), time.monotonic(), 0
+        for p in sorted(self.partitions):
+            nxt = self.acks.next(p)
+            if nxt is None or now - self._arrived_at.get(p, now) < self.settings.gap_stall_s:
+                continue
+            tp = TP(topic, p)
+            try:
+                end = self.app.consumer.highwater(tp)
+            except Exception:
+                continue
+            if end is not None and end > nxt:
+                log.warning("rl.samples.raw partition %d: nothing arrived for %.0f s, yet its end is %d; "
+                            "seeking back to %d", p, now - self._arrived_at[p], end, nxt)
+                self.acks.rewinds += 1
+                self._arrived_at[p] = now
+                await self._rewind(tp, nxt)
+                n += 1
+        return n
+
+    async def _rewind(self, tp: Any, offset: int) -> None:
+        """Seek ``tp`` back to ``offset`` with the consumer's flow stopped, so no batch fetched
+        before the seek moves the read position past it again."""
+        consumer = self.app.consumer
+        consumer.stop_flow()
+        try:
+            await consumer.seek_wait({tp: offset})
+        finally:
+            consumer.resume_flow()
 
     async def tick(self) -> int:
         return await self._deliver(self.core.tick())
 
+    async def on_assigned(self, partitions: set[int]) -> None:
+        """Where each assigned partition of rl.samples.raw starts (``InOrderAcks.expect``): the
+        group's committed offset, or the log start. Unknown (the broker did not answer): the
+        first record that arrives is the start, as before."""
+        try:
+            starts = await asyncio.get_running_loop().run_in_executor(None, self.start_offsets, sorted(partitions))
+        except Exception as e:
+            log.warning("could not read where partitions %s start: %r", sorted(partitions), e)
+            return
+        for p, offset in starts.items():
+            self.acks.expect(p, offset)
+            self._arrived_at[p] = time.monotonic()
+        log.info("rl.samples.raw partitions start at %s", json.dumps(starts, sort_keys=True))
+
+    def start_offsets(self, partitions: list[int], timeout: float = 10.0) -> dict[int, int]:
+        """Partition -> this group's committed offset of rl.samples.raw, or the log start where
+        there is none, read with a plain Kafka client."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        topic = self.settings.namespace.topic(SAMPLES_RAW)
+        c = Consumer({"bootstrap.servers": ",".join(u.split("://", 1)[-1] for u in broker_urls(self.settings.brokers)),
+                      "group.id": self.settings.app_id, "enable.auto.commit": False,
+                      **dict(self.settings.client_config)})
+        try:
+            got = c.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout)
+            return {tp.partition: tp.offset if tp.offset >= 0
+                    else c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=timeout)[0]
+                    for tp in got}
+        finally:
+            c.close()
+
     def on_revoked(self, partitions: set[int]) -> None:
         self.partitions -= partitions
+        self.acks.forget(partitions)
         dropped = self.core.revoke(partitions)  # not acked: the new owner gets them again
         if dropped:
             log.info("rebalance: released %d buffered batches of partitions %s", dropped, sorted(partitions))
 
     # -- output -----------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        return self.core.summary()
+        return {**self.core.summary(), "consumer_rewinds": self.acks.rewinds}
 
     def write_summary(self) -> None:
         """One ``{"summary": ...}`` line on the real stdout (the worker redirects ``sys.stdout``),
@@ -584,8 +682,11 @@ class StreamsApp:
 
     async def _deliver(self, sends: list[Send]) -> int:
         """Write ``sends`` in order (a failed one is replaced by what the core says), then the
-        per-actor state they changed, then ack the records they finish; returns how many."""
-        queue, done = list(sends), []
+        per-actor state they changed, then ack the records they finish, in offset order
+        (``InOrderAcks``); returns how many. Records whose state could not be written wait,
+        unacked, for the next call to write it."""
+        queue, done = list(sends), self._unwritten
+        self._unwritten = []
         while queue:
             s = queue.pop(0)
             if s.topic is not None:
@@ -599,13 +700,14 @@ class StreamsApp:
                 done.append(s.done)
         if self.actor_state is not None and self.actor_state.pending:
             try:
-                for fut in self.actor_state.flush():
-                    await fut
-            except Exception:  # unacknowledged, the records are redelivered
-                log.exception("could not write the per-actor state")
+                await self.actor_state.flush()
+            except Exception:
+                log.exception("could not write the per-actor state (retried)")
+                self._unwritten = done + self._unwritten
                 return len(sends)
-        for event in done:
-            event.ack()
+        for handle in done:
+            for event in self.acks.done(handle):
+                event.ack()
         return len(sends)
 
 

@@ -20,7 +20,8 @@ Rules kept here, once:
   skipped and counted (the learner owns its dead letter, ``streams.topics.DEAD_LETTER_OWNERS``).
 * **held records**: ``held`` maps (partition, offset) to each raw record inside ``Prepare``
   (buffered for reordering) and its shell handle; the in-process shell commits no partition
-  past its lowest held offset, the Faust shell acks a record only once its output is written.
+  past its lowest held offset; the Faust shell acks a record only once its output is written,
+  and in offset order (``InOrderAcks``).
 * **a rejection whose record is no longer held** (a rebalance or a redelivery replaced it) is
   still dead-lettered, from the batch it carries (re-encoded; partition and offset from the
   rejection): no rejection leaves without its dead letter, and there is nothing to ack.
@@ -100,6 +101,100 @@ def policy_starts(ends: Mapping[Any, int], backlog: int, begins: Mapping[Any, in
     beginning."""
     begins = begins or {}
     return {tp: max(begins.get(tp, 0), end - backlog) for tp, end in ends.items()}
+
+
+#: ``InOrderAcks.arrived`` verdicts.
+TAKE, SKIP, SEEK = "take", "skip", "seek"
+
+
+class InOrderAcks:
+    """Takes each partition's records in offset order, each once, and acks them in that order.
+
+    Two faust-streaming (0.15.3) behaviours lose records otherwise:
+
+    * it commits the first run of consecutive acked offsets above the committed one, and its
+      check for an unacked record at the head of that run is off by one: a record held for
+      reordering at the committed offset, with its successor acked, was committed past;
+    * it drops records fetched while a partition is paused or a rebalance is under way, and
+      rewinds to the committed offset only when there is one above 0: a worker that took over a
+      partition never committed went on from wherever the fetch had got to.
+
+    So a record is acked only once it and every record before it in its partition are done,
+    and records arrive in order from the partition's start offset (``expect``: the group's
+    committed offset, or the log start): a record past the next expected offset is a gap, and
+    the shell seeks back to it (``SEEK``), skipping what was fetched beyond until the gap is
+    filled (``SKIP``); a record already taken is skipped too. The rl.samples.raw offsets are
+    contiguous (no transactions, no compaction), so a gap is always a loss.
+
+        acks.expect(partition, committed)   # on assignment
+        verdict = acks.arrived(handle)      # TAKE: process it; SEEK: seek to acks.next(p); SKIP
+        for h in acks.done(handle):         # its output is written: what may be acked now
+            h.ack()
+    """
+
+    def __init__(self, where: Callable[[Any], tuple[int, int]], reseek_after: int = 1024) -> None:
+        self.where = where  # handle -> (partition, offset)
+        self._open: dict[int, dict[int, Any]] = {}  # partition -> offset -> handle once done, else None
+        self._next: dict[int, int] = {}  # partition -> the offset expected next
+        self._seeking: dict[int, tuple[int, int]] = {}  # partition -> (highest offset skipped, how many) since the seek
+        self.reseek_after = reseek_after
+        self.rewinds = 0  # seeks back over a gap
+
+    def expect(self, partition: int, offset: int) -> None:
+        """``partition`` (newly assigned) starts at ``offset``."""
+        self._open.pop(partition, None)
+        self._seeking.pop(partition, None)
+        self._next[partition] = int(offset)
+
+    def next(self, partition: int) -> int | None:
+        return self._next.get(partition)
+
+    def arrived(self, handle: Any) -> str:
+        p, o = self.where(handle)
+        nxt = self._next.get(p)
+        if nxt is None or o == nxt:  # no start known: the first record is the start
+            self._next[p] = o + 1
+            self._seeking.pop(p, None)
+            self._open.setdefault(p, {})[o] = None
+            return TAKE
+        if o < nxt:
+            return SKIP  # taken already: a second delivery
+        mark, skipped = self._seeking.get(p, (None, 0))
+        if mark is not None and o > mark and skipped < self.reseek_after:
+            self._seeking[p] = (o, skipped + 1)  # fetched before the seek back took effect
+            return SKIP
+        # a gap; again if the stream restarted below what it skipped, or the seek seems lost
+        self._seeking[p] = (o, 0)
+        self.rewinds += 1
+        return SEEK
+
+    def done(self, handle: Any) -> list[Any]:
+        """Mark ``handle`` done; the handles that may be acked now, in offset order (none of a
+        partition this shell no longer owns: its records go to the new owner)."""
+        p, o = self.where(handle)
+        part = self._open.get(p)
+        if part is None or o not in part:
+            return []
+        part[o] = handle
+        out = []
+        for off in sorted(part):
+            h = part[off]
+            if h is None:
+                break
+            out.append(h)
+            del part[off]
+        return out
+
+    def pending(self, partition: int) -> int:
+        """Records of ``partition`` taken and not acked yet."""
+        return len(self._open.get(partition, ()))
+
+    def forget(self, partitions: Iterable[int]) -> None:
+        """A rebalance took ``partitions``: their records are redelivered to the new owner."""
+        for p in partitions:
+            self._open.pop(p, None)
+            self._next.pop(p, None)
+            self._seeking.pop(p, None)
 
 
 class ShellCore:

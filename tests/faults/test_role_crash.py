@@ -135,15 +135,7 @@ def test_actor_sigkill_and_restart_with_the_same_id(private_kafka, rig):
         wait_for(lambda: steps.poll() >= n_steps + 2, 120, "2 updates after the streams restart",
                  on_timeout=rig.logs)
         second.stop()
-        try:
-            wait_for(lambda: all_trained(raw, steps), 90, "every produced batch trained", on_timeout=rig.logs)
-        except AssertionError:
-            # the known defect of issue 11 (tests/streams/test_faust_rebalance.py): a restarted Faust
-            # worker skips sequence numbers by its reorder timeout and commits past what it skipped
-            reorder = streams.stats().get("reorder", {})
-            if reorder.get("timeouts", 0) > 0 and reorder.get("skipped_seqs", 0) > 0:
-                pytest.xfail(f"records lost after a reorder timeout skipped their sequence numbers: {reorder}")
-            raise
+        wait_for(lambda: all_trained(raw, steps), 90, "every produced batch trained", on_timeout=rig.logs)
         learner_summary = learner.stop()
         assert not streams.errors, streams.errors
         second_stats = streams.stop()

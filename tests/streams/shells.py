@@ -103,7 +103,7 @@ class FaustShell:
 
     def _alive(self) -> None:
         for w in self.workers:
-            assert w.alive() or w.proc.returncode == -9, f"{w.name} exited:\n{w.tail(80)}"
+            assert w.alive() or w.ended_by_test, f"{w.name} exited:\n{w.tail(80)}"
 
     def follows(self, version: int, timeout: float = 180) -> None:
         def seen() -> bool:

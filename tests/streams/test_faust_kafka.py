@@ -8,7 +8,6 @@ above ours, is published first and must be ignored.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -24,7 +23,7 @@ import torch
 from schemas.codec import Codec
 from schemas.events import DeadLetter, PolicyVersion, PreparedBatch, SampleBatch, now_ms
 from schemas.weights import encode_weights
-from streams.topics import DEADLETTER, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW
+from streams.topics import DEADLETTER, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW, STREAMS_GROUP
 from tests.support import free_port, http_json, wait_for
 from tests.support.kafka import committed, end_offsets, lag, leaders_ready
 
@@ -168,3 +167,52 @@ def test_faust_worker_end_to_end(bootstrap, tmp_path):
     # every raw record was handled and acked, so the group committed up to the end (read with a
     # plain confluent_kafka Consumer of that group, not through our bus)
     assert committed(bootstrap, "rlstream-streams", SAMPLES_RAW) == end_offsets(bootstrap, SAMPLES_RAW)
+
+
+def test_a_record_held_for_reordering_is_not_committed_past(kafka_bootstrap, tmp_path):
+    """Actor a's seq 2 waits (its seq 1 is missing) at the head of the partition while the
+    records after it are prepared and acked. Faust commits the first run of acked offsets
+    above the committed one (off by one at its head), so without in-order acks a stopped
+    worker committed past the held record and a new worker never saw it: a was lost from seq 2.
+    Here the committed offset stays at the held record, and after a restart every record is
+    prepared exactly once (a's seq 2 once its seq 1 arrives; b's records are duplicates)."""
+    from tests.streams.shells import open_shell
+    from tests.streams.test_shell_scenarios import make_batch as scenario_batch
+    from tests.streams.test_shell_scenarios import policy_version as scenario_policy
+
+    run = uuid.uuid4().hex[:8]
+    pid = f"policy-{run}"
+    env = {"RLSTREAM_ALGO": "ppo", "RLSTREAM_STALENESS_K": "1000000", "RLSTREAM_STALENESS_MS": "none",
+           "RLSTREAM_POLICY_ID": pid, "RLSTREAM_REORDER_TIMEOUT_MS": "600000"}
+    a, b = f"{run}-a", f"{run}-b"
+    with open_shell("faust", env, tmp_path, lambda: kafka_bootstrap, raw_partitions=1) as shell:
+        bus = shell.bus
+        group, raw_topic = bus.ns.group(STREAMS_GROUP), bus.ns.topic(SAMPLES_RAW)
+        bus.produce(POLICY_VERSIONS, CODEC.encode(scenario_policy(pid, 0)), key=pid.encode())
+        bus.flush()
+        first = shell.start()
+        shell.follows(0)
+
+        def produce(actor: str, seq: int) -> None:
+            bus.produce(SAMPLES_RAW, CODEC.encode(scenario_batch(actor, seq, 0, now_ms())), key=actor.encode())
+            bus.flush()
+
+        for actor, seq in [(a, 0), (a, 2), (b, 0), (b, 1)]:  # offsets 0..3; offset 1 waits for a's seq 1
+            produce(actor, seq)
+
+        def prepared() -> list[str]:
+            return [CODEC.decode(r.value, PreparedBatch).sample.batch_id for r in bus.read_all(SAMPLES_PREPARED)]
+
+        wait_for(lambda: sorted(prepared()) == sorted([f"{a}-0", f"{b}-0", f"{b}-1"])
+                 and shell.stats(0)["reorder"]["buffered"] == 1, 120,
+                 "b's records prepared past a's held seq 2", every=0.2, on_timeout=shell.logs)
+        first.stop(60)  # a graceful stop commits every offset acked
+        assert committed(kafka_bootstrap, group, raw_topic) == {0: 1}, "committed past the held record"
+
+        shell.start()
+        shell.follows(0)
+        produce(a, 1)
+        shell.settle()
+        wait_for(lambda: len(prepared()) >= 5, 60, "a's seq 1 and 2 prepared", every=0.2, on_timeout=shell.logs)
+        assert sorted(prepared()) == sorted(f"{x}-{s}" for x, s in [(a, 0), (a, 1), (a, 2), (b, 0), (b, 1)])
+        assert shell.stats(1)["drops"].get("duplicate", 0) >= 2  # b's records, known by the moved state

@@ -114,3 +114,36 @@ def test_a_prepared_output_goes_out_with_its_record_handle():
     sends = core.on_sample(raw(0, make_batch("a", 0, 0, clock.t)), handle="h0")
     assert [(s.topic, s.key, s.done) for s in sends] == [(SAMPLES_PREPARED, b"a", "h0")]
     assert CODEC.decode(sends[0].value, PreparedBatch).source_offset == 0
+
+
+def test_in_order_acks_release_a_partition_only_up_to_its_lowest_open_record():
+    from streams.shell import TAKE, InOrderAcks
+
+    acks = InOrderAcks(lambda h: h)  # handles are (partition, offset)
+    assert [acks.arrived(h) for h in [(0, 10), (0, 11), (0, 12), (1, 5)]] == [TAKE] * 4
+    assert acks.done((0, 11)) == []  # 10 is still open: acking 11 would let the commit pass it
+    assert acks.done((1, 5)) == [(1, 5)]  # partitions are independent
+    assert acks.done((0, 10)) == [(0, 10), (0, 11)]
+    assert acks.pending(0) == 1
+    acks.forget([0])  # revoked: its records go to the new owner, nothing is acked here
+    assert acks.done((0, 12)) == [] and acks.pending(0) == 0
+    assert acks.arrived((0, 12)) == TAKE  # redelivered after it came back
+    assert acks.done((0, 12)) == [(0, 12)]
+
+
+def test_in_order_acks_seek_back_over_a_gap_and_take_each_record_once():
+    from streams.shell import SEEK, SKIP, TAKE, InOrderAcks
+
+    acks = InOrderAcks(lambda h: h, reseek_after=3)
+    acks.expect(0, 40)  # the group committed 40
+    assert acks.arrived((0, 43)) == SEEK and acks.next(0) == 40  # 40..42 were skipped by the consumer
+    assert [acks.arrived((0, o)) for o in (44, 45)] == [SKIP, SKIP]  # fetched before the seek took effect
+    assert acks.arrived((0, 41)) == SEEK  # restarted below what it skipped, still past 40: again
+    assert [acks.arrived((0, o)) for o in (40, 41, 42)] == [TAKE] * 3
+    assert acks.arrived((0, 41)) == SKIP  # a second delivery of a record taken
+    assert acks.arrived((0, 43)) == TAKE and acks.rewinds == 2
+    acks.expect(1, 0)
+    assert acks.arrived((1, 7)) == SEEK
+    assert [acks.arrived((1, o)) for o in (8, 9, 10)] == [SKIP] * 3
+    assert acks.arrived((1, 11)) == SEEK  # reseek_after skips with no sign of the seek: seek again
+    assert acks.done((0, 40)) == [(0, 40)]

@@ -45,12 +45,14 @@ class Role:
         self._out = log.open("ab")
         self.proc = subprocess.Popen(cmd, cwd=str(cwd), stdout=self._out, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
+        self.ended_by_test = False  # set by kill and terminate: an exit the test caused
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def kill(self) -> None:
         """SIGKILL: no snapshot, no flush, no commit, no goodbye to the group."""
+        self.ended_by_test = True
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(30)
@@ -66,6 +68,7 @@ class Role:
     def terminate(self, timeout: float = 30.0) -> int:
         """SIGTERM and wait; SIGKILL and fail if it ignores it. Returns the exit status."""
         if self.alive():
+            self.ended_by_test = True
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
             try:
