@@ -124,11 +124,11 @@ class StreamsSettings:
     torch_threads: int = 1
     """Intra-op threads for the IS forward pass (small MLPs are fastest on one; 0: torch's default)."""
     commit_interval_s: float = 0.5
+    """How often acked offsets of rl.samples.raw are committed (the backlog others watch)."""
     gap_check_s: float = 1.0
     """How often each owned partition is checked for records the consumer dropped: nothing has
     arrived for ``gap_stall_s`` although the partition's end is past the next offset expected."""
     gap_stall_s: float = 3.0
-    """How often acked offsets of rl.samples.raw are committed (the backlog others watch)."""
     policy_backlog: int | None = None
     """PolicyVersion records read back from the end of each partition on start (None: the
     staleness window's K + 1)."""
@@ -382,8 +382,8 @@ class StreamsApp:
                               self.codec, policy_records)
         self._policies_ready: asyncio.Event | None = None  # set by follow-policies once caught up
         self.acks = InOrderAcks(lambda event: (event.message.partition, event.message.offset))
-        self._unwritten: list[Any] = []
-        self._arrived_at: dict[int, float] = {}  # partition -> monotonic time of its last record  # records done whose per-actor state is not written yet
+        self._unwritten: list[Any] = []  # records done whose per-actor state is not written yet
+        self._arrived_at: dict[int, float] = {}  # partition -> monotonic time of its last record
         self.partitions: set[int] = set()  # of rl.samples.raw, assigned to this worker
         self._wire()
 
@@ -482,14 +482,18 @@ class StreamsApp:
             **aiokafka_security(self.settings.client_config),
         )
 
-    def policy_start_offsets(self, topic: str, backlog: int) -> dict[int, int]:
-        """Partition -> offset of the ``backlog``-th newest record of this shell's policy (the
-        policy layer's ``StartRule.back``), read with a plain Kafka client."""
+    def _plain_bus(self, purpose: str) -> Any:
+        """A ``KafkaBus`` on this worker's brokers (not namespaced), for one-off reads."""
         from streams.bus.kafka import KafkaBus
 
         hosts = ",".join(u.split("://", 1)[-1] for u in broker_urls(self.settings.brokers))
-        bus = KafkaBus(hosts, config=dict(self.settings.client_config), auto_create=False,
-                       client_id=f"{self.settings.app_id}-policy-start")
+        return KafkaBus(hosts, config=dict(self.settings.client_config), auto_create=False,
+                        client_id=f"{self.settings.app_id}-{purpose}")
+
+    def policy_start_offsets(self, topic: str, backlog: int) -> dict[int, int]:
+        """Partition -> offset of the ``backlog``-th newest record of this shell's policy (the
+        policy layer's ``StartRule.back``), read with a plain Kafka client."""
+        bus = self._plain_bus("policy-start")
         try:
             follower = PolicyFollower(EventBus(bus, self.codec), self.prepare.policy_id,
                                       StartRule.back(backlog - 1), topic=topic, stage=STAGE)
@@ -599,9 +603,8 @@ class StreamsApp:
             if end is not None and end > nxt:
                 log.warning("rl.samples.raw partition %d: nothing arrived for %.0f s, yet its end is %d; "
                             "seeking back to %d", p, now - self._arrived_at[p], end, nxt)
-                self.acks.rewinds += 1
                 self._arrived_at[p] = now
-                await self._rewind(tp, nxt)
+                await self._rewind(tp, self.acks.rewind(p))
                 n += 1
         return n
 
@@ -632,22 +635,15 @@ class StreamsApp:
             self._arrived_at[p] = time.monotonic()
         log.info("rl.samples.raw partitions start at %s", json.dumps(starts, sort_keys=True))
 
-    def start_offsets(self, partitions: list[int], timeout: float = 10.0) -> dict[int, int]:
+    def start_offsets(self, partitions: list[int]) -> dict[int, int]:
         """Partition -> this group's committed offset of rl.samples.raw, or the log start where
-        there is none, read with a plain Kafka client."""
-        from confluent_kafka import Consumer, TopicPartition
-
-        topic = self.settings.namespace.topic(SAMPLES_RAW)
-        c = Consumer({"bootstrap.servers": ",".join(u.split("://", 1)[-1] for u in broker_urls(self.settings.brokers)),
-                      "group.id": self.settings.app_id, "enable.auto.commit": False,
-                      **dict(self.settings.client_config)})
+        there is none (``KafkaBus.group_positions``, which retries retriable errors)."""
+        bus = self._plain_bus("raw-start")
         try:
-            got = c.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout)
-            return {tp.partition: tp.offset if tp.offset >= 0
-                    else c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=timeout)[0]
-                    for tp in got}
+            starts = bus.group_positions(self.settings.app_id, self.settings.namespace.topic(SAMPLES_RAW))
         finally:
-            c.close()
+            bus.close()
+        return {p: starts[p] for p in partitions}
 
     def on_revoked(self, partitions: set[int]) -> None:
         self.partitions -= partitions

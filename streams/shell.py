@@ -168,6 +168,12 @@ class InOrderAcks:
         self.rewinds += 1
         return SEEK
 
+    def rewind(self, partition: int) -> int:
+        """A seek back decided outside ``arrived`` (a partition that stalled after a gap):
+        counted with the others; the offset to seek to."""
+        self.rewinds += 1
+        return self._next[partition]
+
     def done(self, handle: Any) -> list[Any]:
         """Mark ``handle`` done; the handles that may be acked now, in offset order (none of a
         partition this shell no longer owns: its records go to the new owner)."""

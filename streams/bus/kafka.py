@@ -593,7 +593,13 @@ class KafkaBus(Bus):
         return {p: self._watermarks(topic, p)[1] for p in range(self._partitions(topic))}
 
     def group_lag(self, group: str, topic: str) -> int:
-        """End offsets minus the group's committed offsets (from the log start where none).
+        """End offsets minus the group's positions (``group_positions``)."""
+        ends = self.end_offsets(topic)
+        return sum(ends[p] - pos for p, pos in self.group_positions(group, topic).items())
+
+    def group_positions(self, group: str, topic: str) -> dict[int, int]:
+        """Partition -> where ``group`` resumes reading ``topic``: its committed offset, or the
+        log start where it has none.
 
         The committed offsets come from a consumer of that ``group.id`` that never subscribes
         (an OffsetFetch; it does not join the group), not from the admin API: admin group
@@ -608,12 +614,7 @@ class KafkaBus(Bus):
         res = retrying(f"cannot read committed offsets of group {group} on {topic}",
                        lambda t: _first_error(reader.committed([TopicPartition(topic, p) for p in parts], timeout=t)))
         committed = {tp.partition: tp.offset for tp in res if tp.error is None}
-        lag = 0
-        for p in parts:
-            low, high = self._watermarks(topic, p)
-            c = committed.get(p, -1)
-            lag += high - (c if c >= 0 else low)
-        return lag
+        return {p: committed[p] if committed.get(p, -1) >= 0 else self._watermarks(topic, p)[0] for p in parts}
 
     # -- produce ----------------------------------------------------------------------------
     def produce(self, topic, value, key=None, headers=None, partition=None) -> None:
