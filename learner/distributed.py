@@ -10,15 +10,14 @@ and steps (so clipping sees the global gradient), through torch's DDP communicat
 
 Batch agreement (docs/learners.md): every poll of every rank is one collective round, an
 all-gather of (transitions buffered, paused, stop requested). An update starts on all ranks at
-once when every rank holds at least its share, ``ceil(train_batch_size / world)`` transitions;
-each rank trains exactly what it holds, and gradients are weighted by each rank's share of the
-global batch, so the result is that of one learner on the union of the fragments.
+once when the ranks together hold ``train_batch_size`` transitions; each rank trains exactly what
+it holds (possibly nothing: its partitions were quiet), and gradients are weighted by each rank's
+share of the global batch, so the result is that of one learner on the union of the fragments.
 """
 
 from __future__ import annotations
 
 import datetime
-import math
 import os
 import signal
 import subprocess
@@ -215,12 +214,12 @@ class DataParallel:
             return out
         return self._guard("all-gather", run)
 
-    def broadcast(self, obj: Any) -> Any:
-        """Rank 0's ``obj`` on every rank."""
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s ``obj`` on every rank."""
         box = [obj]
 
         def run() -> Any:
-            dist.broadcast_object_list(box, src=0, group=self.group)
+            dist.broadcast_object_list(box, src=src, group=self.group)
             return box[0]
         return self._guard("broadcast", run)
 
@@ -232,37 +231,37 @@ class DataParallel:
         parts = [torch.zeros_like(t) for _ in range(self.world)]
         self._guard("batch agreement", lambda: dist.all_gather(parts, t, group=self.group))
         rows = torch.stack(parts).cpu()
-        share = math.ceil(train_batch_size / self.world)
         stop = bool(rows[:, 2].any())
         self.stopping = self.stopping or stop
-        train = not stop and not bool(rows[:, 1].any()) and int(rows[:, 0].min()) >= share
+        train = not stop and not bool(rows[:, 1].any()) and int(rows[:, 0].sum()) >= max(1, train_batch_size)
         return Agreement(train, stop)
 
     def update(self, batch: Any, n_local: int) -> dict[str, float]:
-        """``algo.update`` on this rank's share, gradients weighted by ``n_local`` over the global
-        count; identical weights and buffers on every rank afterwards."""
+        """``algo.update`` on this rank's share (``batch`` is None when it holds nothing), gradients
+        weighted by ``n_local`` over the global count; identical state on every rank afterwards."""
         counts = self.gather(n_local)
+        src = max(range(self.world), key=lambda r: (counts[r], -r))  # the rank that trained most
         self.sync.weight = n_local / max(1, sum(counts))
         self.sync.uneven = False
         try:
-            metrics = self.algo.update(batch)
+            metrics = self.algo.update(batch) if n_local else {}
             self.sync.finish()
         except PeerLost:
             self.broken = True
             raise
-        if self.sync.uneven:  # ranks made different numbers of optimizer steps: rank 0's state wins
+        if self.sync.uneven:  # different numbers of optimizer steps: the state of rank src wins
             self.uneven_updates += 1
-            state = self.broadcast(self.algo.state_dict() if self.publisher else None)
-            if not self.publisher:
+            state, metrics = self.broadcast((self.algo.state_dict(), metrics) if self.rank == src else None, src)
+            if self.rank != src:
                 self.algo.load_state_dict(state)
-        self._broadcast_buffers()
+        self._broadcast_buffers(src)
         return metrics
 
-    def _broadcast_buffers(self) -> None:
-        """Running statistics (observation normaliser) follow rank 0's, as DDP's broadcast_buffers."""
+    def _broadcast_buffers(self, src: int) -> None:
+        """Running statistics (observation normaliser) follow rank ``src``'s, as DDP's broadcast_buffers."""
         def run() -> None:
             for b in self.algo.policy.buffers():
-                dist.broadcast(b, src=0, group=self.group)
+                dist.broadcast(b, src=src, group=self.group)
         self._guard("buffer broadcast", run)
 
     def settle(self, consumer: Any, topic: str, partitions: int, explicit: dict | None) -> None:

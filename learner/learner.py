@@ -132,6 +132,8 @@ class Learner:
         restored = None
         if self.snapshots is not None and (resume or from_version is not None):
             restored = self._restore(from_version)
+            if restored is None and resume:  # no snapshot: the model is the initial one, and so is its data
+                restored = {(SAMPLES_PREPARED, p): 0 for p in self.events.bus.end_offsets(SAMPLES_PREPARED)}
         start: Any = "earliest"
         if restored is not None:
             start = restored
@@ -297,7 +299,7 @@ class Learner:
         n_samples = self._pending_size
         pending = self._take_pending()
         batches = [pb for _, pb in pending]
-        batch = to_trajectory_batch(batches, self._stream_ids)
+        batch = to_trajectory_batch(batches, self._stream_ids) if batches else None  # None: a rank with no share
         ids = [b.sample.batch_id for b in batches]
         digests = [record_digest(r.value) for r, _ in pending]
         if self.parallel is None:

@@ -38,7 +38,7 @@ def _rank(rank: int, world: int, port: int, jobs, out) -> None:
         ids = StreamIds()
         for shares in plan:
             mine = shares[rank]
-            dp.update(to_trajectory_batch(mine, ids), sum(b.sample.size for b in mine))
+            dp.update(to_trajectory_batch(mine, ids) if mine else None, sum(b.sample.size for b in mine))
         out.put((j, rank, params(algo).numpy(), dp.uneven_updates, dp.sync.reductions))  # no shared tensors
     torch.distributed.destroy_process_group()
 
@@ -92,6 +92,21 @@ def test_two_ranks_equal_one_rank_on_the_same_global_batch():
     # the tolerance is not vacuous: one rank's half alone ends elsewhere
     half = single([b[0::2] for b in glob], EXACT)[1]
     assert float((half - want).abs().max()) > 100 * tolerances["none"]
+
+
+@pytest.mark.parametrize("empty", [0, 1])
+def test_a_rank_with_no_share_still_updates_the_group_as_one_learner_would(empty):
+    """A rank whose partitions were quiet holds nothing: the other's fragments are the global
+    batch, and both ranks end with one learner's weights on it (whichever rank was empty)."""
+    glob = updates(2)
+    plan = [[[], b] if empty == 0 else [b, []] for b in glob]
+    before, want = single(glob, EXACT)
+    got = run_ranks([(EXACT, "none", plan)])[0]
+    assert not torch.equal(before, want)
+    assert torch.equal(got[0][0], got[1][0])
+    assert got[0][1] == got[1][1] == 2  # both updates were uneven: the empty rank made no step
+    err = float((got[0][0] - want).abs().max())
+    assert err <= 1e-6, f"differs from one learner by {err}"
 
 
 def test_uneven_minibatch_counts_do_not_hang_and_keep_ranks_identical():

@@ -145,6 +145,27 @@ def test_resume_restores_state_seeks_to_snapshot_offsets_and_keeps_versions_mono
         assert torch.equal(t, snap_weights[k])
 
 
+def test_resume_before_the_first_snapshot_retrains_from_the_log_start(events, tmp_path):
+    """Killed after two committed updates but before any snapshot: the restarted learner starts
+    from the initial weights, so it must train those batches again, not skip to the commit."""
+    store = open_store(tmp_path, keep_last=None)
+    lr = make(events, store, snapshot_every=10)
+    lr.start()
+    batches = [prepared(s) for s in range(2)]
+    for b in batches:
+        events.publish(SAMPLES_PREPARED, b, key="actor-0")
+        assert lr.step(0) is not None
+    assert store.latest() is None
+    lr.close()
+
+    lr2 = make(events, store, snapshot_every=10)
+    lr2.start(resume=True)
+    assert lr2.step(0) is not None
+    step = [events.codec.decode(r.value) for r in events.bus.read_all(LEARNER_STEPS)][-1]
+    assert step.batch_ids == [b.sample.batch_id for b in batches]
+    assert versions(events)[-2].parent_version is None  # the restart began a new line from scratch
+
+
 def test_rollback_republishes_a_snapshot_as_a_new_version(events, tmp_path):
     store = open_store(tmp_path, keep_last=None)
     lr = make(events, store)
