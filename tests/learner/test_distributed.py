@@ -12,6 +12,7 @@ import torch
 from agents.registry import make_algorithm
 from learner.batching import StreamIds, to_trajectory_batch
 from learner.distributed import DataParallel, free_port, parse_devices
+from schemas.events import PreparedBatch
 from tests.support.fragments import ACT, OBS, fragment
 
 # one minibatch, no per-minibatch or running statistics: the loss is a mean over the batch
