@@ -179,16 +179,18 @@ def prepare_config_from_env(env: Mapping[str, str]) -> PrepareConfig:
     waited for, and ``RLSTREAM_POLICY_ID`` the policy followed (default ``policy``;
     ``rlstream train --mode decoupled`` passes a run config file instead)."""
     overrides: dict[str, Any] = {}
-    try:
-        if env.get("RLSTREAM_REORDER_TIMEOUT_MS", "").strip():
-            overrides["reorder_timeout_ms"] = int(env["RLSTREAM_REORDER_TIMEOUT_MS"])
-        if env.get("RLSTREAM_STALENESS_K", "").strip():
-            overrides["max_versions"] = int(env["RLSTREAM_STALENESS_K"])
-        if env.get("RLSTREAM_STALENESS_MS", "").strip():
-            ms = env["RLSTREAM_STALENESS_MS"].strip()
-            overrides["max_ms"] = None if ms.lower() in ("none", "-1") else int(ms)
-    except ValueError as e:
-        raise ValueError(f"bad staleness setting in the environment: {e}") from e
+    for var, key in (("RLSTREAM_REORDER_TIMEOUT_MS", "reorder_timeout_ms"), ("RLSTREAM_STALENESS_K", "max_versions"),
+                     ("RLSTREAM_STALENESS_MS", "max_ms")):
+        raw = env.get(var, "").strip()
+        if not raw:
+            continue
+        if key == "max_ms" and raw.lower() in ("none", "-1"):
+            overrides[key] = None
+            continue
+        try:
+            overrides[key] = int(raw)
+        except ValueError:
+            raise ValueError(f"{var} must be an integer, not {raw!r}") from None
     mode = env.get("RLSTREAM_STALENESS_MODE", "").strip()
     if mode:
         if mode not in ("drop", "downweight"):

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from localkafka import broker
-from tests.support import free_port, wait_for
+from tests.support import free_port
 from localkafka.broker import (
     LocalKafka,
     PortBusyError,

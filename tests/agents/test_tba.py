@@ -130,7 +130,7 @@ def test_stale_samples_count_less_than_fresh_ones_within_a_batch(bandit):
     cfg = TBAConfig(staleness_schedule="linear", max_versions=4, norm_adv=False, normalize_reward=False, normalize_obs=False)
     a, b = (TBA(cfg, bandit.OBS_DIM, bandit.ACT_DIM) for _ in range(2))
     ma = a.update(dataclasses.replace(batch, staleness_versions=versions))
-    mb = b.update(mixed)
+    b.update(mixed)
     assert ma["weight_mean"] == pytest.approx(0.5) and ma["learning_rate"] == pytest.approx(1.5e-4)
     for pa, pb in zip(a.policy.parameters(), b.policy.parameters()):
         torch.testing.assert_close(pa, pb)

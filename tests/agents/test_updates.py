@@ -4,7 +4,6 @@ truncation bootstrapping, the decoupled behaviour weight and its anchor, the GRP
 the KL direction, the DPO preference direction. One epoch and one minibatch, so the reported
 loss terms are those of the batch at the policy the update started from."""
 
-import copy
 import dataclasses
 import math
 

@@ -37,7 +37,7 @@ from streams.topics import (
 )
 from tests.support.kafka import committed
 
-from .conftest import ENV_ID, FRAGMENT, TopicCounter, wait_for
+from .conftest import FRAGMENT, TopicCounter, wait_for
 from .test_supervision import child_pid, start_decoupled
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

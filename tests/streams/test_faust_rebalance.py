@@ -59,7 +59,7 @@ def test_sigkilled_worker_hands_its_partitions_and_actor_state_to_the_survivor(k
                     bus.produce(SAMPLES_RAW, CODEC.encode(make_batch(a, s, 0, now_ms())), key=a.encode())
             bus.flush()
 
-        victim, survivor = shell.start(), shell.start()
+        victim, _ = shell.start(), shell.start()
         shell.follows(0)
         wait_for(lambda: [len(shell.stats_doc(i)["partitions"]) for i in (0, 1)] == [1, 1], 180,
                  "both workers to own one partition each", every=0.5, ignore=(OSError, ValueError, KeyError),
