@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
 import threading
 import time
 from collections import OrderedDict
@@ -128,7 +129,7 @@ class BlobStore(Protocol):
 
     def put(self, key: str, data: bytes) -> None: ...
 
-    def get(self, key: str) -> bytes: ...
+    def get(self, key: str) -> bytes | bytearray: ...
 
 
 #: Where claim-checked weights come from: a BlobStore, or a function of the claim check.
@@ -159,32 +160,99 @@ class FetchRetry:
         raise PolicyLoadError(f"{what}: no attempt made (attempts={self.attempts})")
 
 
+#: The retry of blob-store calls unless told otherwise.
+DEFAULT_RETRY = FetchRetry()
+
+
+def _resp(*args: str | bytes) -> bytes:
+    """One Redis command in RESP."""
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        a = a if isinstance(a, bytes) else str(a).encode()
+        out += [b"$%d\r\n" % len(a), a, b"\r\n"]
+    return b"".join(out)
+
+
+class _RespReader:
+    """Replies off one socket: status lines, and a bulk string read straight into one buffer."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buf = sock, bytearray()
+
+    def line(self) -> bytes:
+        while (i := self.buf.find(b"\r\n")) < 0:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("redis closed the connection")
+            self.buf += chunk
+        line, self.buf = bytes(self.buf[:i]), self.buf[i + 2:]
+        if line[:1] == b"-":
+            raise ConnectionError(f"redis: {line[1:].decode(errors='replace')}")
+        return line
+
+    def bulk(self) -> bytearray | None:
+        head = self.line()
+        if head[:1] != b"$":
+            raise ConnectionError(f"redis: unexpected reply {head[:40]!r}")
+        n = int(head[1:])
+        if n < 0:
+            return None
+        out = bytearray(n + 2)
+        got = min(len(self.buf), n + 2)
+        out[:got] = self.buf[:got]
+        with memoryview(out) as view:
+            while got < n + 2:
+                r = self.sock.recv_into(view[got:])
+                if not r:
+                    raise ConnectionError("redis closed the connection")
+                got += r
+        del out[n:]
+        return out
+
+
 @dataclass
 class RedisBlobStore:
     """Claim-check store on Redis. One call waits up to ``timeout_s``; a failed one is retried by
     the caller's ``FetchRetry`` (the loader's for reads, ``retry`` here for writes), so the
-    retries are counted in one place."""
+    retries are counted in one place. A read goes straight from the socket into one buffer the
+    loader decodes in place (redis-py's parser copies a reply of tens of MB several times)."""
 
     url: str
     timeout_s: float = 30.0
-    retry: FetchRetry = FetchRetry()
+    retry: FetchRetry = DEFAULT_RETRY
 
     def __post_init__(self) -> None:
         import redis
         from redis.backoff import NoBackoff
+        from redis.connection import parse_url
         from redis.retry import Retry
 
         self._r = redis.Redis.from_url(self.url, socket_timeout=self.timeout_s, socket_connect_timeout=10.0,
                                        retry=Retry(NoBackoff(), 0))  # FetchRetry is the one retry
+        self._at = parse_url(self.url)
 
     def put(self, key: str, data: bytes) -> None:
         self.retry.call(lambda: self._r.set(key, data), f"writing claim-check key {key} to {self.url}")
 
-    def get(self, key: str) -> bytes:
-        data = self._r.get(key)
+    def get(self, key: str) -> bytearray:
+        at = self._at
+        data = self._r.get(key) if "connection_class" in at else self._read(key, at)  # TLS, unix: redis-py
         if data is None:
             raise PolicyLoadError(f"claim-check key {key} not found in {self.url}")
-        return data
+        return data if isinstance(data, bytearray) else bytearray(data)
+
+    def _read(self, key: str, at: dict) -> bytearray | None:
+        pre = []
+        if at.get("password"):
+            pre.append(("AUTH", *([at["username"]] if at.get("username") else []), at["password"]))
+        if at.get("db"):
+            pre.append(("SELECT", at["db"]))
+        with socket.create_connection((at.get("host", "localhost"), at.get("port", 6379)), timeout=self.timeout_s) as s:
+            s.sendall(b"".join(_resp(*c) for c in (*pre, ("GET", key))))
+            reader = _RespReader(s)
+            for _ in pre:
+                reader.line()
+            return reader.bulk()
 
 
 def blob_store_from_env(env: Any = None) -> RedisBlobStore | None:
@@ -230,7 +298,7 @@ def publish_policy_version(events: Any, pv: PolicyVersion) -> None:
 
 # -- THE loader ----------------------------------------------------------------------------------
 
-def weights_bytes(pv: PolicyVersion, blobs: Blobs = None, retry: FetchRetry = FetchRetry()) -> bytes:
+def weights_bytes(pv: PolicyVersion, blobs: Blobs = None, retry: FetchRetry = DEFAULT_RETRY) -> bytes:
     """The safetensors bytes of ``pv``: inline, or fetched from ``blobs`` (a failed fetch retried
     as ``retry`` says) and checked by sha256."""
     if pv.weights is not None:
@@ -249,7 +317,7 @@ def weights_bytes(pv: PolicyVersion, blobs: Blobs = None, retry: FetchRetry = Fe
 
 
 def decode_version(pv: PolicyVersion, blobs: Blobs = None,
-                   retry: FetchRetry = FetchRetry()) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+                   retry: FetchRetry = DEFAULT_RETRY) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """``(state_dict, arch)`` of ``pv``'s weights; PolicyLoadError when they do not decode."""
     if pv.weights_format != "safetensors":
         raise PolicyLoadError(f"weights format {pv.weights_format!r} is not supported (safetensors only)")
@@ -282,7 +350,7 @@ class SharedWeights:
         self.fills = self.hits = self.failures = 0
 
     def decoded(self, pv: PolicyVersion, blobs: Blobs,
-                retry: FetchRetry = FetchRetry()) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+                retry: FetchRetry = DEFAULT_RETRY) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """``decode_version(pv, blobs, retry)``, once per digest in this process."""
         if pv.weights_ref is None:  # inline: the bytes came with this reader's own record
             return decode_version(pv, blobs, retry)
@@ -320,7 +388,7 @@ PROCESS_WEIGHTS = SharedWeights()
 
 
 def load_policy(pv: PolicyVersion, blobs: Blobs = None, into: Policy | None = None, *,
-                shared: SharedWeights | None = None, retry: FetchRetry = FetchRetry()) -> Policy:
+                shared: SharedWeights | None = None, retry: FetchRetry = DEFAULT_RETRY) -> Policy:
     """The module of ``pv`` (eval mode): its weights loaded into ``into``, or into a new module
     when ``into`` is None or of another architecture. PolicyLoadError when they do not load;
     a module is never left half-loaded. With ``shared`` (inference-only readers), the weights
