@@ -22,6 +22,7 @@ from agents.networks import Policy
 from schemas.errors import CodecError
 from streams.events import EventBus
 from streams.policies import (
+    DEFAULT_RETRY,
     PROCESS_WEIGHTS,
     Blobs,
     FetchRetry,
@@ -44,7 +45,7 @@ class PolicySubscriber:
     def __init__(self, events: EventBus, policy_id: str, stage: str,
                  on_latency: Callable[[float], None] | None = None,
                  blob_store: Blobs = None, from_version: int | None = None,
-                 shared: SharedWeights | None = PROCESS_WEIGHTS, retry: FetchRetry = FetchRetry()) -> None:
+                 shared: SharedWeights | None = PROCESS_WEIGHTS, retry: FetchRetry = DEFAULT_RETRY) -> None:
         self.events = events
         self.policy_id = policy_id
         self.blob_store = blob_store

@@ -303,7 +303,8 @@ def test_weights_over_the_claim_check_threshold_go_to_a_configured_blob_store(bl
     p = policy(0)
     size = len(make_policy_version(p, policy_id="p", version=0, parent_version=None, learner_id="L",
                                    algo="ppo").weights)
-    kw = dict(policy_id=f"p-{uuid.uuid4().hex[:6]}", version=1, parent_version=None, learner_id="L", algo="ppo")
+    kw = {"policy_id": f"p-{uuid.uuid4().hex[:6]}", "version": 1, "parent_version": None, "learner_id": "L",
+          "algo": "ppo"}
     assert make_policy_version(p, **kw, claim_check_above=size - 1).weights is not None  # no store: inline
     pv = make_policy_version(p, **kw, blob_store=blobs, claim_check_above=size - 1)
     assert pv.weights is None and pv.weights_ref.size == size and same(load_policy(pv, blobs), p)
@@ -334,7 +335,7 @@ def test_a_blob_that_never_loads_leaves_the_subscriber_on_its_version_until_the_
         assert sub.wait_for(1, timeout=30.0)
         for bad, want_failed in ((pv2, 1), (pv4, 2)):
             publish(events, bad)
-            wait_for(lambda: sub.poll(0.2) or sub.failed >= want_failed, 30, f"version {bad.version} tried")
+            wait_for(lambda n=want_failed: sub.poll(0.2) or sub.failed >= n, 30, f"version {bad.version} tried")
             assert sub.version == 1 and same(sub.policy, p1) and sub.failed == want_failed
         assert flaky.gets.count(pv4.weights_ref.key) == FAST_RETRY.attempts  # bounded: then it gives up
         assert "not found" in str(sub.last_error) or "TimeoutError" in str(sub.last_error)
