@@ -298,7 +298,8 @@ def publish_policy_version(events: Any, pv: PolicyVersion) -> None:
 
 # -- THE loader ----------------------------------------------------------------------------------
 
-def weights_bytes(pv: PolicyVersion, blobs: Blobs = None, retry: FetchRetry = DEFAULT_RETRY) -> bytes:
+def weights_bytes(pv: PolicyVersion, blobs: Blobs = None,
+                  retry: FetchRetry = DEFAULT_RETRY) -> bytes | bytearray:
     """The safetensors bytes of ``pv``: inline, or fetched from ``blobs`` (a failed fetch retried
     as ``retry`` says) and checked by sha256."""
     if pv.weights is not None:
