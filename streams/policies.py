@@ -278,9 +278,10 @@ def make_policy_version(
             raise ValueError(
                 f"weights of {len(data)} bytes exceed the inline limit {inline_limit}; configure a blob store"
             )
-        key = f"rlstream:weights:{policy_id}:{version}"
+        digest = sha256(data)
+        key = f"rlstream:weights:{policy_id}:{version}:{digest[:16]}"  # a republished version never clobbers
         blob_store.put(key, data)
-        weights, ref = None, ClaimCheck(store=blob_store.url, key=key, sha256=sha256(data), size=len(data))
+        weights, ref = None, ClaimCheck(store=blob_store.url, key=key, sha256=digest, size=len(data))
     return PolicyVersion(
         policy_id=policy_id, version=version, created_at_ms=now_ms(), learner_id=learner_id, algo=algo,
         weights=weights, weights_ref=ref, parent_version=parent_version, metrics=dict(metrics or {}),

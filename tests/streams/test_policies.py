@@ -312,10 +312,10 @@ def test_weights_over_the_claim_check_threshold_go_to_a_configured_blob_store(bl
 
 
 def test_a_transient_blob_fetch_failure_is_retried_and_the_subscriber_adopts(events, blobs):
-    p = policy(5)
+    p, pid = policy(5), f"policy-{uuid.uuid4().hex[:8]}"  # its own blob keys on the shared Redis
     flaky = FlakyBlobs(blobs, fail=2)
-    publish(events, version(5, "policy", blobs=blobs, p=p))
-    sub = PolicySubscriber(events, "policy", "actor-0", blob_store=flaky, shared=SharedWeights(), retry=FAST_RETRY)
+    publish(events, version(5, pid, blobs=blobs, p=p))
+    sub = PolicySubscriber(events, pid, "actor-0", blob_store=flaky, shared=SharedWeights(), retry=FAST_RETRY)
     try:
         assert sub.wait_for(5, timeout=30.0) and same(sub.policy, p)
         assert len(flaky.gets) == 3 and sub.failed == 0
@@ -324,13 +324,13 @@ def test_a_transient_blob_fetch_failure_is_retried_and_the_subscriber_adopts(eve
 
 
 def test_a_blob_that_never_loads_leaves_the_subscriber_on_its_version_until_the_next(events, blobs):
-    p1, p3 = policy(1), policy(3)
-    pv2 = version(2, "policy", blobs=blobs)
-    pv4 = version(4, "policy", blobs=blobs)
+    p1, p3, pid = policy(1), policy(3), f"policy-{uuid.uuid4().hex[:8]}"
+    pv2 = version(2, pid, blobs=blobs)
+    pv4 = version(4, pid, blobs=blobs)
     flaky = FlakyBlobs(blobs, fail=-1, keys={pv4.weights_ref.key})  # v4's reads always time out
     blobs._r.delete(pv2.weights_ref.key)  # v2's blob is gone (expired, evicted)
-    publish(events, version(1, "policy", blobs=blobs, p=p1))
-    sub = PolicySubscriber(events, "policy", "actor-0", blob_store=flaky, shared=SharedWeights(), retry=FAST_RETRY)
+    publish(events, version(1, pid, blobs=blobs, p=p1))
+    sub = PolicySubscriber(events, pid, "actor-0", blob_store=flaky, shared=SharedWeights(), retry=FAST_RETRY)
     try:
         assert sub.wait_for(1, timeout=30.0)
         for bad, want_failed in ((pv2, 1), (pv4, 2)):
@@ -339,18 +339,18 @@ def test_a_blob_that_never_loads_leaves_the_subscriber_on_its_version_until_the_
             assert sub.version == 1 and same(sub.policy, p1) and sub.failed == want_failed
         assert flaky.gets.count(pv4.weights_ref.key) == FAST_RETRY.attempts  # bounded: then it gives up
         assert "not found" in str(sub.last_error) or "TimeoutError" in str(sub.last_error)
-        publish(events, version(5, "policy", blobs=blobs, p=p3))
+        publish(events, version(5, pid, blobs=blobs, p=p3))
         assert sub.wait_for(5, timeout=30.0) and same(sub.policy, p3)
     finally:
         sub.close()
 
 
 def test_subscribers_of_one_process_share_one_fetch_and_the_decoded_weights(events, blobs):
-    p = policy(7)
+    p, pid = policy(7), f"policy-{uuid.uuid4().hex[:8]}"
     counting = FlakyBlobs(blobs)
     shared = SharedWeights()
-    publish(events, version(7, "policy", blobs=blobs, p=p))
-    subs = [PolicySubscriber(events, "policy", f"actor-{i}", blob_store=counting, shared=shared) for i in range(4)]
+    publish(events, version(7, pid, blobs=blobs, p=p))
+    subs = [PolicySubscriber(events, pid, f"actor-{i}", blob_store=counting, shared=shared) for i in range(4)]
     try:
         threads = [threading.Thread(target=s.wait_for, args=(7, 30.0)) for s in subs]
         for t in threads:
