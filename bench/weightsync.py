@@ -152,10 +152,14 @@ def run_size(params: int, args, redis_url: str | None) -> dict:
     events = build_events(bus, None)
     blob = RedisBlobStore(redis_url) if redis_url else None
 
+    blob_keys: list[str] = []
+
     def publish(version: int) -> tuple[int, int]:
         pv = make_policy_version(policy, policy_id=POLICY_ID, version=version, parent_version=version - 1 if version else None,
                                  learner_id="bench", algo="ppo", blob_store=blob, claim_check_above=args.claim_check_above)
         publish_policy_version(events, pv)
+        if pv.weights_ref is not None:
+            blob_keys.append(pv.weights_ref.key)
         return len(events.codec.encode(pv)), (pv.weights_ref.size if pv.weights_ref is not None else 0)
 
     publish(0)
@@ -200,6 +204,13 @@ def run_size(params: int, args, redis_url: str | None) -> dict:
     pv = make_policy_version(policy, policy_id=POLICY_ID, version=99, parent_version=None, learner_id="bench",
                              algo="ppo", blob_store=blob, claim_check_above=args.claim_check_above)
     parts = _one_adoption(events.codec.decode(events.codec.encode(pv)), blob, params)
+    bus.inner.delete_topics([t.name for t in bus.ns.topics()])  # what this run made, only
+    if pv.weights_ref is not None:
+        blob_keys.append(pv.weights_ref.key)
+    if blob_keys:
+        import redis
+
+        redis.Redis.from_url(redis_url).delete(*blob_keys)
     bus.close()
     fills = sum(f for f, _, _ in shared)
     return {
