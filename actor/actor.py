@@ -88,6 +88,8 @@ class Actor:
         self.fragment_steps = config.fragment_steps
         self.swap_every = config.swap_every
         self.cut_fragments = 0  # fragments ended early for a new policy
+        self._sampler_key: tuple[int, int] | None = None
+        self._sampler: GaussianSampler | None = None
 
     def _reset(self) -> np.ndarray:
         cfg = self.config
@@ -139,6 +141,13 @@ class Actor:
             self.on_batch(batch, time.perf_counter() - t0)
         return batch
 
+    def _sampler_of(self, policy, version: int) -> GaussianSampler | None:
+        """The numpy snapshot of the adopted version, taken once per version (not per fragment):
+        only adoption changes the actor's module, so a version's snapshot stays exact."""
+        if self._sampler_key != (id(policy), version):
+            self._sampler_key, self._sampler = (id(policy), version), GaussianSampler.of(policy)
+        return self._sampler
+
     def collect(self, T: int) -> SampleBatch:
         cfg, spec = self.config, self.spec
         N = cfg.num_envs
@@ -157,7 +166,7 @@ class Actor:
         ep_lengths: list[int] = []
         obs = self._obs
         grouped = cfg.group_size > 0
-        sampler = GaussianSampler.of(policy)  # numpy inference; None: Policy.act per step
+        sampler = self._sampler_of(policy, version)  # numpy inference; None: Policy.act per step
         if sampler is not None:
             noise, logp_buf = sampler.noise((T, N), self._gen)
         rollout_done = np.zeros(N, bool)  # group mode: the column's first episode has ended

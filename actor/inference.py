@@ -3,7 +3,7 @@
 A per-step ``Policy.act`` costs a few dozen small torch ops (normaliser, actor and critic MLPs,
 distribution maths), which at one or a few envs takes longer than the MuJoCo step itself. The
 actor needs neither the value nor autograd, so for a Gaussian head with a plain MLP it snapshots
-the weights once per fragment (``GaussianSampler(policy)``) and, per step, runs only the
+the weights once per adopted version (``GaussianSampler(policy)``) and, per step, runs only the
 normaliser and the actor MLP in numpy. The noise of the whole fragment is drawn at once from the
 actor's torch generator, and since ``action = mean + std * noise``, its log density is
 ``-0.5 * |noise|^2 - sum(log_std) - act_dim * log(2 pi) / 2``, computed for the fragment at once.

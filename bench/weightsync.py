@@ -1,12 +1,14 @@
 """Weight sync: publish-to-adoption latency of a new PolicyVersion at many subscribed actors.
 
 On the real Kafka broker (``KAFKA_BROKERS``), ``--actors`` real ``PolicySubscriber``s (each its own
-Kafka consumer, the same class the actors use: fetch, Avro decode, claim-check fetch and sha256,
-safetensors decode, ``load_state_dict``) run as threads spread over ``--procs`` processes. The
-learner side publishes ``--versions`` new versions of a policy of about ``--params`` parameters,
-each once every subscriber has adopted the previous one. Weights over the inline limit go by
-claim check to Redis (``REDIS_URL``). Prints one JSON document: p50/p99/max latency per size,
-broker bytes per version (the record) and blob bytes per version.
+Kafka consumer, the same class the actors use) run as threads spread over ``--procs`` processes,
+sharing each process's decoded versions as actors do. The learner side publishes ``--versions``
+new versions of a policy of about ``--params`` parameters, each once every subscriber has adopted
+the previous one. With Redis (``REDIS_URL``), weights over ``--claim-check-above`` go by claim
+check. Prints one JSON document per size: p50/p99/max of publish-to-adoption latency, of
+publish-to-delivery (the Kafka part) and of the CPU of one adoption; broker bytes per version
+(the record), blob bytes per version and how often they were fetched; and, in one process, the
+parts of one adoption (Redis fetch, sha256 + decode, load by reference and by copy).
 
     KAFKA_BROKERS=127.0.0.1:9092 REDIS_URL=redis://127.0.0.1:6379/0 \\
         python bench/weightsync.py --actors 64 --params 1000000 10000000
@@ -32,8 +34,17 @@ import torch
 from actor.policy_client import PolicySubscriber
 from agents.networks import Policy
 from rlstream.config import BusConfig
-from streams.policies import DEFAULT_INLINE_LIMIT, RedisBlobStore, load_policy, make_policy_version, publish_policy_version
 from rlstream.wiring import build_bus, build_events
+from streams.policies import (
+    DEFAULT_CLAIM_CHECK_ABOVE,
+    DEFAULT_INLINE_LIMIT,
+    PROCESS_WEIGHTS,
+    RedisBlobStore,
+    decode_version,
+    load_state,
+    make_policy_version,
+    publish_policy_version,
+)
 
 OBS, ACT = 64, 8
 POLICY_ID = "weightsync"
@@ -51,12 +62,24 @@ def _subscriber_thread(bus, blob, module: Policy, stage: str, out: mp.Queue, sto
     lat: list[float] = []
     sub = PolicySubscriber(events, POLICY_ID, stage, on_latency=lat.append, blob_store=blob)
     sub.policy = module  # an actor's module exists before its first version: only weights load
+    delivered: dict[int, float] = {}
+    follower_poll = sub.follower.poll
+
+    def poll_and_stamp(timeout: float):  # publish-to-delivery: when the record left the consumer
+        ups = follower_poll(timeout)
+        for u in ups:
+            delivered[u.version] = u.latency_s() or 0.0
+        return ups
+
+    sub.follower.poll = poll_and_stamp
     try:
         sub.wait_for(0, 600)
         out.put(("ready", stage, sub.version, 0.0))
         while not stop.is_set():
+            cpu = time.thread_time()
             if sub.poll(0.1) and lat:
-                out.put(("adopted", stage, sub.version, lat[-1]))
+                out.put(("adopted", stage, sub.version,
+                         (lat[-1], delivered.get(sub.version, float("nan")), time.thread_time() - cpu)))
     except Exception as e:  # an actor that dies is reported, never waited for
         out.put(("error", stage, sub.version, f"{type(e).__name__}: {e}"))
     finally:
@@ -75,6 +98,7 @@ def _worker(proc: int, threads: int, params: int, bootstrap: str, namespace: str
         t.start()
     for t in ts:
         t.join()
+    out.put(("shared", f"proc-{proc}", -1, (PROCESS_WEIGHTS.fills, PROCESS_WEIGHTS.hits, PROCESS_WEIGHTS.failures)))
     bus.close()
 
 
@@ -95,6 +119,31 @@ def _drain(out: mp.Queue, want: int, kind: str, version: int, timeout: float, er
     return got
 
 
+def _pcts(xs: list[float]) -> dict | None:
+    a = np.asarray(xs) * 1e3
+    return {"p50": round(float(np.percentile(a, 50)), 1), "p99": round(float(np.percentile(a, 99)), 1),
+            "max": round(float(a.max()), 1)} if a.size else None
+
+
+def _one_adoption(pv, blob, params: int) -> dict:
+    """The parts of one adoption in this process: Redis fetch, sha256 + decode, load into an
+    existing module by reference (what subscribers do) and by copy (what they did)."""
+    t0 = time.perf_counter()
+    data = pv.weights if pv.weights is not None else blob.get(pv.weights_ref.key)
+    t1 = time.perf_counter()
+    state, arch = decode_version(pv, lambda ref: data)
+    t2 = time.perf_counter()
+    by_ref, by_copy = policy_of_size(params), policy_of_size(params)
+    t3 = time.perf_counter()
+    load_state(state, arch, by_ref, assign=True)
+    t4 = time.perf_counter()
+    load_state(state, arch, by_copy)
+    t5 = time.perf_counter()
+    ms = lambda a, b: round((b - a) * 1e3, 2)
+    return {"fetch_ms": ms(t0, t1) if pv.weights is None else 0.0, "sha256_decode_ms": ms(t1, t2),
+            "load_by_reference_ms": ms(t3, t4), "load_by_copy_ms": ms(t4, t5)}
+
+
 def run_size(params: int, args, redis_url: str | None) -> dict:
     policy = policy_of_size(params)
     n_params = sum(p.numel() for p in policy.parameters())
@@ -103,10 +152,14 @@ def run_size(params: int, args, redis_url: str | None) -> dict:
     events = build_events(bus, None)
     blob = RedisBlobStore(redis_url) if redis_url else None
 
+    blob_keys: list[str] = []
+
     def publish(version: int) -> tuple[int, int]:
         pv = make_policy_version(policy, policy_id=POLICY_ID, version=version, parent_version=version - 1 if version else None,
-                                 learner_id="bench", algo="ppo", blob_store=blob)
+                                 learner_id="bench", algo="ppo", blob_store=blob, claim_check_above=args.claim_check_above)
         publish_policy_version(events, pv)
+        if pv.weights_ref is not None:
+            blob_keys.append(pv.weights_ref.key)
         return len(events.codec.encode(pv)), (pv.weights_ref.size if pv.weights_ref is not None else 0)
 
     publish(0)
@@ -120,8 +173,11 @@ def run_size(params: int, args, redis_url: str | None) -> dict:
     errors: list[str] = []
     ready = _drain(out, args.actors, "ready", 0, 600, errors)
     lat: list[float] = []
+    delivery: list[float] = []
+    cpu: list[float] = []
     record_bytes = blob_bytes = 0
     missing = 0
+    shared: list[tuple] = []
     try:
         if len(ready) + len(errors) < args.actors:
             raise RuntimeError(f"only {len(ready)} of {args.actors} subscribers adopted version 0 within 600 s")
@@ -131,30 +187,43 @@ def run_size(params: int, args, redis_url: str | None) -> dict:
             record_bytes, blob_bytes = publish(v)
             got = _drain(out, args.actors, "adopted", v, 60, errors)
             missing += args.actors - len(got)
-            lat += got
+            lat += [g[0] for g in got]
+            delivery += [g[1] for g in got]
+            cpu += [g[2] for g in got]
     finally:
         stop.set()
         for p in procs:
             p.join(30)
-    # the cost of one adoption (claim-check fetch, decode, load into the existing module) here
+        while True:
+            try:
+                k, _, _, s = out.get(timeout=0.5)
+            except queue.Empty:
+                break
+            if k == "shared":
+                shared.append(s)
     pv = make_policy_version(policy, policy_id=POLICY_ID, version=99, parent_version=None, learner_id="bench",
-                             algo="ppo", blob_store=blob)
-    record = events.codec.encode(pv)
-    target = policy_of_size(params)
-    t0 = time.perf_counter()
-    load_policy(events.codec.decode(record), blob, into=target)
-    load_s = time.perf_counter() - t0
+                             algo="ppo", blob_store=blob, claim_check_above=args.claim_check_above)
+    parts = _one_adoption(events.codec.decode(events.codec.encode(pv)), blob, params)
+    bus.inner.delete_topics([t.name for t in bus.ns.topics()])  # what this run made, only
+    if pv.weights_ref is not None:
+        blob_keys.append(pv.weights_ref.key)
+    if blob_keys:
+        import redis
+
+        redis.Redis.from_url(redis_url).delete(*blob_keys)
     bus.close()
-    a = np.asarray(lat) * 1e3
+    fills = sum(f for f, _, _ in shared)
     return {
         "params": n_params, "weights_bytes": n_params * 4, "claim_check": blob_bytes > 0,
-        "actors": args.actors, "versions": args.versions, "adoptions": len(lat), "missing": missing,
-        "latency_ms": {"p50": round(float(np.percentile(a, 50)), 1), "p99": round(float(np.percentile(a, 99)), 1),
-                       "max": round(float(a.max()), 1)} if a.size else None,
+        "actors": args.actors, "procs": args.procs, "versions": args.versions, "adoptions": len(lat),
+        "missing": missing,
+        "latency_ms": _pcts(lat),
+        "delivery_ms": _pcts(delivery),
+        "adoption_cpu_ms": _pcts(cpu),
         "broker_bytes_per_version": record_bytes,
         "blob_bytes_per_version": blob_bytes,
-        "blob_bytes_fetched_per_version": blob_bytes * args.actors,
-        "one_adoption_decode_fetch_load_ms": round(load_s * 1e3, 1),
+        "blob_fetches_per_version": round(fills / (args.versions + 1), 2) if shared else None,
+        "one_adoption": parts,
         "subscriber_errors": errors,
     }
 
@@ -167,18 +236,20 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=4, help="processes the subscriber threads are spread over")
     ap.add_argument("--params", type=int, nargs="+", default=[1_000_000, 10_000_000])
     ap.add_argument("--versions", type=int, default=10)
+    ap.add_argument("--claim-check-above", type=int, default=DEFAULT_CLAIM_CHECK_ABOVE,
+                    help="with Redis, weights over this many bytes go by claim check")
     args = ap.parse_args()
     if not args.bootstrap:
         raise SystemExit("set KAFKA_BROKERS (or --bootstrap) to the Kafka broker")
     torch.set_num_threads(1)
     rows = []
     for params in args.params:
-        needs_blob = params * 4 > DEFAULT_INLINE_LIMIT
-        if needs_blob and not args.redis:
+        if params * 4 > DEFAULT_INLINE_LIMIT and not args.redis:
             raise SystemExit(f"{params} parameters exceed the inline limit: set REDIS_URL (or --redis) for the claim check")
-        rows.append(run_size(params, args, args.redis if needs_blob else None))
+        rows.append(run_size(params, args, args.redis))
     print(json.dumps({
         "bench": "weightsync", "target_p99_ms_max": 100.0, "inline_limit_bytes": DEFAULT_INLINE_LIMIT,
+        "claim_check_above_bytes": args.claim_check_above,
         "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
                  "loadavg_1m": round(os.getloadavg()[0], 2)},
         "rows": rows,

@@ -35,6 +35,7 @@ from schemas.events import GradientStep, PreparedBatch, now_ms
 from streams.bus.base import BusError, Record
 from streams.events import EventBus
 from streams.policies import (
+    DEFAULT_CLAIM_CHECK_ABOVE,
     BlobStore,
     PolicyFollower,
     StartRule,
@@ -73,6 +74,8 @@ class LearnerConfig:
     fork_of: dict | None = None
     """``{"run_id", "version", "source"}`` of the parent when this learner continues a fork
     (``rlstream fork``); recorded in the provenance of its versions."""
+    claim_check_above: int = DEFAULT_CLAIM_CHECK_ABOVE
+    """Weights over this many bytes go by claim check when a blob store is configured."""
 
 
 @dataclass
@@ -352,6 +355,7 @@ class Learner:
             self.algo.policy, policy_id=self.config.policy_id, version=self.version, parent_version=parent,
             learner_id=self.config.learner_id, algo=self.config.algo,
             metrics={k: float(v) for k, v in (metrics or {}).items()}, blob_store=self.blob_store,
+            claim_check_above=self.config.claim_check_above,
         )
         pv = stamp(pv, self.algo, self.config.run_id, self.config.fork_of, self.config.train_batch_size)
         self.model_version = self.version

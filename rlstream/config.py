@@ -16,6 +16,7 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 import tyro
 
 from agents.defaults import algo_defaults
+from streams.policies import DEFAULT_CLAIM_CHECK_ABOVE
 from streams.processors.pipeline import PrepareConfig
 from streams.runconfig import read_run_config, write_run_config
 from streams.topics import Namespace, Retention, parse_retention
@@ -136,6 +137,9 @@ class TrainConfig:
     """Gradient all-reduce between ranks: none, fp16 or bf16 (torch's DDP compress hooks)."""
     redis_url: str | None = None
     """Redis for claim-check weights (None: inline only)."""
+    claim_check_above: int = DEFAULT_CLAIM_CHECK_ABOVE
+    """With Redis: weights over this many bytes go by claim check (a tiny record fans out to
+    the actors; each process fetches the blob once)."""
     breaker_open_above: float = 256.0
     """Circuit breaker: pause training when the stream processors' backlog on rl.samples.raw
     (records) passes this; the learner would otherwise keep versioning ahead of stale data."""

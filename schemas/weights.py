@@ -2,7 +2,8 @@
 
 Never pickle: ``safetensors`` parses a JSON header and raw buffers only, so a hostile payload
 cannot run code. Architecture facts the receiver needs to rebuild the module (obs_dim, act_dim,
-hidden sizes) travel in the metadata.
+hidden sizes) travel in the metadata. A ``bytearray`` payload (a buffer the reader owns, such as
+a claim-check fetch) decodes in place: its tensors are views of it, not copies.
 """
 
 from __future__ import annotations
@@ -27,8 +28,40 @@ def encode_weights(state_dict: dict[str, torch.Tensor], arch: dict[str, Any] | N
     return st_save(tensors, metadata=meta)
 
 
-def decode_weights(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """(state_dict, arch). Raises InvalidEventError on anything that is not safetensors."""
+_DTYPES = {"F32": torch.float32, "F64": torch.float64, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+
+
+def _views(data: bytearray, header: dict, start: int) -> dict[str, torch.Tensor] | None:
+    """The tensors of ``header`` as views of ``data`` (body at ``start``), checked as safetensors
+    checks them (known dtype, sizes, offsets tiling the body); None where a tensor would be
+    misaligned or its dtype is unknown here (the copying loader then decides)."""
+    spans, out = [], {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _DTYPES.get(t.get("dtype")) if isinstance(t, dict) else None
+        if dtype is None:
+            return None
+        shape, (begin, end) = [int(d) for d in t["shape"]], [int(o) for o in t["data_offsets"]]
+        itemsize, numel = torch.empty((), dtype=dtype).element_size(), 1
+        for d in shape:
+            numel *= d
+        if min(shape, default=0) < 0 or end - begin != numel * itemsize or (start + begin) % itemsize:
+            return None
+        spans.append((begin, end))
+        out[name] = (torch.frombuffer(data, dtype=dtype, count=numel, offset=start + begin).reshape(shape)
+                     if numel else torch.empty(shape, dtype=dtype))
+    spans.sort()
+    if [b for b, _ in spans] != [0, *(e for _, e in spans[:-1])] or (spans[-1][1] if spans else 0) != len(data) - start:
+        raise InvalidEventError("weights payload's tensors do not tile its body")
+    return out
+
+
+def decode_weights(data: bytes | bytearray) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(state_dict, arch). Raises InvalidEventError on anything that is not safetensors. The
+    tensors of a ``bytearray`` are views of it (zero copy): it must not change afterwards."""
     if not isinstance(data, (bytes, bytearray)) or len(data) < 8:
         raise InvalidEventError("weights payload is not safetensors bytes")
     try:
@@ -42,10 +75,11 @@ def decode_weights(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, Any]
         arch = json.loads(meta.get(ARCH_KEY, "{}"))
         if not isinstance(arch, dict):
             raise InvalidEventError(f"weights architecture metadata is not an object: {arch!r}"[:200])
-        tensors = st_load(bytes(data))
+        views = _views(data, header, 8 + header_len) if isinstance(data, bytearray) else None
+        tensors = views if views is not None else st_load(bytes(data))
     except InvalidEventError:
         raise
-    except (SafetensorError, ValueError, UnicodeDecodeError, TypeError) as e:
+    except (SafetensorError, ValueError, UnicodeDecodeError, TypeError, KeyError, RuntimeError) as e:
         raise InvalidEventError(f"weights payload is not valid safetensors: {e}") from e
     return tensors, arch
 

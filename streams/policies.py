@@ -18,15 +18,21 @@ reader (actor, stream processors, inference server, subscriber, rollback) a clie
 * ``at_version(v)``: every version >= v, replayed from the start of the topic, then live ones.
 
 The architecture travels in the safetensors metadata, so any process rebuilds the exact module
-from the event alone. Weights over the inline limit go by claim check (Redis, or any
-``BlobStore``) with a sha256 the loader verifies. This module sits below every role: it imports
-``schemas``, ``streams.bus``/``streams.topics``/``streams.events`` and ``agents`` only.
+from the event alone. Weights go by claim check (Redis, or any ``BlobStore``) with a sha256 the
+loader verifies when they are over ``claim_check_above`` and a store is configured (a tiny record
+fans out to every reader; each process fetches the blob once), and must when they are over the
+inline limit. A fetch that fails is retried with backoff (``FetchRetry``). Inference-only readers
+(actors) share one fetch and decode per version and process (``SharedWeights``) and adopt by
+reference, not by copy. This module sits below every role: it imports ``schemas``,
+``streams.bus``/``streams.topics``/``streams.events`` and ``agents`` only.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import socket
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -44,8 +50,11 @@ from streams.bus.base import Consumer, Record
 from streams.events import EventBus
 from streams.topics import POLICY_VERSIONS, PUBLISHED_NS_HEADER
 
-# Weights above this size go to the blob store and the event carries a claim check.
+# Weights above this size must go to the blob store (the event carries a claim check).
 DEFAULT_INLINE_LIMIT = 4 * 1024 * 1024
+# Weights above this size go to the blob store when one is configured: one tiny record fans out
+# to every reader instead of the weights, and a process of many readers fetches them once.
+DEFAULT_CLAIM_CHECK_ABOVE = 1024 * 1024
 ENV_REDIS_URL = "REDIS_URL"
 
 
@@ -120,41 +129,130 @@ class BlobStore(Protocol):
 
     def put(self, key: str, data: bytes) -> None: ...
 
-    def get(self, key: str) -> bytes: ...
+    def get(self, key: str) -> bytes | bytearray: ...
 
 
 #: Where claim-checked weights come from: a BlobStore, or a function of the claim check.
 Blobs = Union[BlobStore, Callable[[ClaimCheck], bytes], None]
 
 
+@dataclass(frozen=True)
+class FetchRetry:
+    """How a blob-store call that fails (timeout, dropped connection, store restarting) is
+    retried: ``attempts`` tries in all, ``base_s`` doubled after each failure (at most ``cap_s``)
+    between them. A ``CodecError`` (the key is gone) is final at once."""
+
+    attempts: int = 4
+    base_s: float = 0.1
+    cap_s: float = 2.0
+
+    def call(self, fn: Callable[[], Any], what: str) -> Any:
+        """``fn()``, retried; PolicyLoadError naming ``what`` once every attempt failed."""
+        for attempt in range(self.attempts):
+            try:
+                return fn()
+            except CodecError:
+                raise
+            except Exception as e:  # the store is down, slow, or restarting
+                if attempt + 1 >= self.attempts:
+                    raise PolicyLoadError(f"{what} failed {self.attempts} times; last: {type(e).__name__}: {e}") from e
+                time.sleep(min(self.cap_s, self.base_s * 2 ** attempt))
+        raise PolicyLoadError(f"{what}: no attempt made (attempts={self.attempts})")
+
+
+#: The retry of blob-store calls unless told otherwise.
+DEFAULT_RETRY = FetchRetry()
+
+
+def _resp(*args: str | bytes) -> bytes:
+    """One Redis command in RESP."""
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        a = a if isinstance(a, bytes) else str(a).encode()
+        out += [b"$%d\r\n" % len(a), a, b"\r\n"]
+    return b"".join(out)
+
+
+class _RespReader:
+    """Replies off one socket: status lines, and a bulk string read straight into one buffer."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buf = sock, bytearray()
+
+    def line(self) -> bytes:
+        while (i := self.buf.find(b"\r\n")) < 0:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("redis closed the connection")
+            self.buf += chunk
+        line, self.buf = bytes(self.buf[:i]), self.buf[i + 2:]
+        if line[:1] == b"-":
+            raise ConnectionError(f"redis: {line[1:].decode(errors='replace')}")
+        return line
+
+    def bulk(self) -> bytearray | None:
+        head = self.line()
+        if head[:1] != b"$":
+            raise ConnectionError(f"redis: unexpected reply {head[:40]!r}")
+        n = int(head[1:])
+        if n < 0:
+            return None
+        out = bytearray(n + 2)
+        got = min(len(self.buf), n + 2)
+        out[:got] = self.buf[:got]
+        with memoryview(out) as view:
+            while got < n + 2:
+                r = self.sock.recv_into(view[got:])
+                if not r:
+                    raise ConnectionError("redis closed the connection")
+                got += r
+        del out[n:]
+        return out
+
+
 @dataclass
 class RedisBlobStore:
-    """Claim-check store on Redis (weights over the inline limit). A blob of tens of MB to many
-    readers at once takes longer than redis-py's 5 s default: reads wait up to ``timeout_s``, and a
-    timeout or dropped connection is retried with backoff (``retries``) before it is an error."""
+    """Claim-check store on Redis. One call waits up to ``timeout_s``; a failed one is retried by
+    the caller's ``FetchRetry`` (the loader's for reads, ``retry`` here for writes), so the
+    retries are counted in one place. A read goes straight from the socket into one buffer the
+    loader decodes in place (redis-py's parser copies a reply of tens of MB several times)."""
 
     url: str
-    timeout_s: float = 60.0
-    retries: int = 5
+    timeout_s: float = 30.0
+    retry: FetchRetry = DEFAULT_RETRY
 
     def __post_init__(self) -> None:
         import redis
-        from redis.backoff import ExponentialBackoff
+        from redis.backoff import NoBackoff
+        from redis.connection import parse_url
         from redis.retry import Retry
 
-        self._r = redis.Redis.from_url(
-            self.url, socket_timeout=self.timeout_s, socket_connect_timeout=10.0,
-            retry=Retry(ExponentialBackoff(cap=5.0, base=0.1), self.retries),
-            retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError])
+        self._r = redis.Redis.from_url(self.url, socket_timeout=self.timeout_s, socket_connect_timeout=10.0,
+                                       retry=Retry(NoBackoff(), 0))  # FetchRetry is the one retry
+        self._at = parse_url(self.url)
 
     def put(self, key: str, data: bytes) -> None:
-        self._r.set(key, data)
+        self.retry.call(lambda: self._r.set(key, data), f"writing claim-check key {key} to {self.url}")
 
-    def get(self, key: str) -> bytes:
-        data = self._r.get(key)
+    def get(self, key: str) -> bytearray:
+        at = self._at
+        data = self._r.get(key) if "connection_class" in at else self._read(key, at)  # TLS, unix: redis-py
         if data is None:
             raise PolicyLoadError(f"claim-check key {key} not found in {self.url}")
-        return data
+        return data if isinstance(data, bytearray) else bytearray(data)
+
+    def _read(self, key: str, at: dict) -> bytearray | None:
+        pre = []
+        if at.get("password"):
+            pre.append(("AUTH", *([at["username"]] if at.get("username") else []), at["password"]))
+        if at.get("db"):
+            pre.append(("SELECT", at["db"]))
+        with socket.create_connection((at.get("host", "localhost"), at.get("port", 6379)), timeout=self.timeout_s) as s:
+            s.sendall(b"".join(_resp(*c) for c in (*pre, ("GET", key))))
+            reader = _RespReader(s)
+            for _ in pre:
+                reader.line()
+            return reader.bulk()
 
 
 def blob_store_from_env(env: Any = None) -> RedisBlobStore | None:
@@ -169,18 +267,21 @@ def blob_store_from_env(env: Any = None) -> RedisBlobStore | None:
 def make_policy_version(
     policy: Policy, *, policy_id: str, version: int, parent_version: int | None, learner_id: str,
     algo: str, metrics: dict[str, float] | None = None, blob_store: BlobStore | None = None,
-    inline_limit: int = DEFAULT_INLINE_LIMIT,
+    inline_limit: int = DEFAULT_INLINE_LIMIT, claim_check_above: int = DEFAULT_CLAIM_CHECK_ABOVE,
 ) -> PolicyVersion:
+    """The event of ``policy``'s weights: inline, or by claim check when they are over
+    ``claim_check_above`` and ``blob_store`` is given (they must be over ``inline_limit``)."""
     data = encode_weights(policy.state_dict(), arch_of(policy))
     weights, ref = data, None
-    if len(data) > inline_limit:
+    if len(data) > inline_limit or (blob_store is not None and len(data) > claim_check_above):
         if blob_store is None:
             raise ValueError(
                 f"weights of {len(data)} bytes exceed the inline limit {inline_limit}; configure a blob store"
             )
-        key = f"rlstream:weights:{policy_id}:{version}"
+        digest = sha256(data)
+        key = f"rlstream:weights:{policy_id}:{version}:{digest[:16]}"  # a republished version never clobbers
         blob_store.put(key, data)
-        weights, ref = None, ClaimCheck(store=blob_store.url, key=key, sha256=sha256(data), size=len(data))
+        weights, ref = None, ClaimCheck(store=blob_store.url, key=key, sha256=digest, size=len(data))
     return PolicyVersion(
         policy_id=policy_id, version=version, created_at_ms=now_ms(), learner_id=learner_id, algo=algo,
         weights=weights, weights_ref=ref, parent_version=parent_version, metrics=dict(metrics or {}),
@@ -198,8 +299,10 @@ def publish_policy_version(events: Any, pv: PolicyVersion) -> None:
 
 # -- THE loader ----------------------------------------------------------------------------------
 
-def weights_bytes(pv: PolicyVersion, blobs: Blobs = None) -> bytes:
-    """The safetensors bytes of ``pv``: inline, or fetched from ``blobs`` and checked by sha256."""
+def weights_bytes(pv: PolicyVersion, blobs: Blobs = None,
+                  retry: FetchRetry = DEFAULT_RETRY) -> bytes | bytearray:
+    """The safetensors bytes of ``pv``: inline, or fetched from ``blobs`` (a failed fetch retried
+    as ``retry`` says) and checked by sha256."""
     if pv.weights is not None:
         return pv.weights
     ref = pv.weights_ref
@@ -208,38 +311,101 @@ def weights_bytes(pv: PolicyVersion, blobs: Blobs = None) -> bytes:
     if blobs is None:
         raise PolicyLoadError(f"policy version {pv.version} is a claim check ({ref.store}:{ref.key}) "
                               "but no blob store is configured")
-    try:
-        data = blobs(ref) if callable(blobs) else blobs.get(ref.key)
-    except CodecError:
-        raise
-    except Exception as e:  # the store is down, the key expired...
-        raise PolicyLoadError(f"claim-checked weights of version {pv.version} cannot be fetched: "
-                              f"{type(e).__name__}: {e}") from e
+    data = retry.call(lambda: blobs(ref) if callable(blobs) else blobs.get(ref.key),
+                      f"fetching the claim-checked weights of version {pv.version}")
     if sha256(data) != ref.sha256:
         raise PolicyLoadError(f"claim-checked weights of version {pv.version} fail their sha256")
     return data
 
 
-def load_policy(pv: PolicyVersion, blobs: Blobs = None, into: Policy | None = None) -> Policy:
-    """The module of ``pv`` (eval mode): its weights loaded into ``into``, or into a new module
-    when ``into`` is None or of another architecture. PolicyLoadError when they do not load;
-    a module is never left half-loaded."""
+def decode_version(pv: PolicyVersion, blobs: Blobs = None,
+                   retry: FetchRetry = DEFAULT_RETRY) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """``(state_dict, arch)`` of ``pv``'s weights; PolicyLoadError when they do not decode."""
     if pv.weights_format != "safetensors":
         raise PolicyLoadError(f"weights format {pv.weights_format!r} is not supported (safetensors only)")
     try:
-        state, arch = decode_weights(weights_bytes(pv, blobs))
+        return decode_weights(weights_bytes(pv, blobs, retry))
     except PolicyLoadError:
         raise
     except CodecError as e:
         raise PolicyLoadError(f"weights of version {pv.version} do not decode: {e}") from e
-    return load_state(state, arch, into, f"weights of version {pv.version}")
+
+
+class _Flight:
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None
+        self.error: CodecError | None = None
+
+
+class SharedWeights:
+    """The decoded claim-checked weights of one process's readers (actors as threads): per content
+    digest (the claim check's sha256) the first reader to ask fetches, checks and decodes them,
+    the others wait for that one flight and get the same tensors, which they must only read.
+    Keeps the newest ``size`` digests, failures included (a version that did not load is not
+    fetched again by every reader)."""
+
+    def __init__(self, size: int = 4) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._flights: OrderedDict[str, _Flight] = OrderedDict()
+        self.fills = self.hits = self.failures = 0
+
+    def decoded(self, pv: PolicyVersion, blobs: Blobs,
+                retry: FetchRetry = DEFAULT_RETRY) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """``decode_version(pv, blobs, retry)``, once per digest in this process."""
+        if pv.weights_ref is None:  # inline: the bytes came with this reader's own record
+            return decode_version(pv, blobs, retry)
+        key = pv.weights_ref.sha256
+        with self._lock:
+            flight = self._flights.get(key)
+            owner = flight is None
+            if owner:
+                flight = self._flights[key] = _Flight()
+                while len(self._flights) > self.size:
+                    self._flights.popitem(last=False)
+                self.fills += 1
+            else:
+                self._flights.move_to_end(key)
+                self.hits += 1
+        if owner:
+            try:
+                flight.value = decode_version(pv, blobs, retry)
+            except CodecError as e:
+                flight.error = e
+            except Exception as e:  # never leave the waiters hanging
+                flight.error = PolicyLoadError(f"weights of version {pv.version}: {type(e).__name__}: {e}")
+            finally:
+                if flight.error is not None:
+                    self.failures += 1
+                flight.done.set()
+        flight.done.wait()
+        if flight.error is not None:
+            raise flight.error
+        return flight.value
+
+
+#: The process's shared decoded weights (``PolicySubscriber``'s default).
+PROCESS_WEIGHTS = SharedWeights()
+
+
+def load_policy(pv: PolicyVersion, blobs: Blobs = None, into: Policy | None = None, *,
+                shared: SharedWeights | None = None, retry: FetchRetry = DEFAULT_RETRY) -> Policy:
+    """The module of ``pv`` (eval mode): its weights loaded into ``into``, or into a new module
+    when ``into`` is None or of another architecture. PolicyLoadError when they do not load;
+    a module is never left half-loaded. With ``shared`` (inference-only readers), the weights
+    come from that cache and the module references the decoded tensors instead of copying them:
+    its tensors are replaced, never written."""
+    state, arch = decode_version(pv, blobs, retry) if shared is None else shared.decoded(pv, blobs, retry)
+    return load_state(state, arch, into, f"weights of version {pv.version}", assign=shared is not None)
 
 
 def load_state(state: dict[str, torch.Tensor], arch: dict[str, Any], into: Policy | None = None,
-               what: str = "weights") -> Policy:
+               what: str = "weights", assign: bool = False) -> Policy:
     """``state`` (a Policy state_dict) loaded into ``into``, or into a new module of ``arch``
     when ``into`` is None or of another architecture; eval mode. PolicyLoadError if it does
-    not fit (checked before anything is copied: a module is never left half-loaded)."""
+    not fit (checked before anything is copied: a module is never left half-loaded).
+    ``assign``: the module takes ``state``'s tensors themselves (no copy)."""
     if into is None or arch_of(into) != arch:
         into = policy_from_arch(arch, max_params=sum(t.numel() for t in state.values()))
     # check every name and shape first: torch copies matching tensors before it raises
@@ -249,7 +415,7 @@ def load_state(state: dict[str, torch.Tensor], arch: dict[str, Any], into: Polic
         diff = sorted(set(expected.items()) ^ set(got.items()))[:4]
         raise PolicyLoadError(f"{what} do not fit the architecture: {diff}")
     try:
-        into.load_state_dict(state, strict=True)
+        into.load_state_dict(state, strict=True, assign=assign)
     except RuntimeError as e:
         raise PolicyLoadError(f"{what} do not fit the architecture: {e}") from e
     into.eval()

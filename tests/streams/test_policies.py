@@ -6,6 +6,7 @@ versions get importance weights in both processor shells and are adopted by an a
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 
 import numpy as np
@@ -21,11 +22,13 @@ from streams.bus.memory import MemoryBus
 from streams.bus.namespaced import NamespacedBus
 from streams.events import EventBus
 from streams.policies import (
+    FetchRetry,
     PolicyFollower,
     PolicyLoadError,
     PolicyLogpFn,
     PolicyWindow,
     RedisBlobStore,
+    SharedWeights,
     StartRule,
     load_policy,
     make_policy_version,
@@ -269,3 +272,105 @@ def test_an_actor_adopts_a_claim_checked_version(events, blobs):
         assert batch.policy_version == 3
     finally:
         sub.close()
+
+
+# -- weight sync: claim-check threshold, retried fetches, one fetch per process ------------------
+
+class FlakyBlobs:
+    """The real Redis store behind a fault: the first ``fail`` reads of a key in ``keys`` (None:
+    every key; -1: every read) raise redis' TimeoutError, as a saturated Redis does."""
+
+    def __init__(self, store: RedisBlobStore, fail: int = 0, keys: set[str] | None = None) -> None:
+        self.store, self.url, self.fail, self.keys = store, store.url, fail, keys
+        self.gets: list[str] = []
+
+    def put(self, key: str, data: bytes) -> None:
+        self.store.put(key, data)
+
+    def get(self, key: str) -> bytes:
+        import redis
+
+        self.gets.append(key)
+        if (self.keys is None or key in self.keys) and (self.fail < 0 or self.gets.count(key) <= self.fail):
+            raise redis.exceptions.TimeoutError("Timeout reading from socket")
+        return self.store.get(key)
+
+
+FAST_RETRY = FetchRetry(attempts=3, base_s=0.01)
+
+
+def test_weights_over_the_claim_check_threshold_go_to_a_configured_blob_store(blobs):
+    p = policy(0)
+    size = len(make_policy_version(p, policy_id="p", version=0, parent_version=None, learner_id="L",
+                                   algo="ppo").weights)
+    kw = {"policy_id": f"p-{uuid.uuid4().hex[:6]}", "version": 1, "parent_version": None, "learner_id": "L",
+          "algo": "ppo"}
+    assert make_policy_version(p, **kw, claim_check_above=size - 1).weights is not None  # no store: inline
+    pv = make_policy_version(p, **kw, blob_store=blobs, claim_check_above=size - 1)
+    assert pv.weights is None and pv.weights_ref.size == size and same(load_policy(pv, blobs), p)
+    assert make_policy_version(p, **kw, blob_store=blobs, claim_check_above=size).weights is not None
+
+
+def test_a_transient_blob_fetch_failure_is_retried_and_the_subscriber_adopts(events, blobs):
+    p, pid = policy(5), f"policy-{uuid.uuid4().hex[:8]}"  # its own blob keys on the shared Redis
+    flaky = FlakyBlobs(blobs, fail=2)
+    publish(events, version(5, pid, blobs=blobs, p=p))
+    sub = PolicySubscriber(events, pid, "actor-0", blob_store=flaky, shared=SharedWeights(), retry=FAST_RETRY)
+    try:
+        assert sub.wait_for(5, timeout=30.0) and same(sub.policy, p)
+        assert len(flaky.gets) == 3 and sub.failed == 0
+    finally:
+        sub.close()
+
+
+def test_a_blob_that_never_loads_leaves_the_subscriber_on_its_version_until_the_next(events, blobs):
+    p1, p3, pid = policy(1), policy(3), f"policy-{uuid.uuid4().hex[:8]}"
+    pv2 = version(2, pid, blobs=blobs)
+    pv4 = version(4, pid, blobs=blobs)
+    flaky = FlakyBlobs(blobs, fail=-1, keys={pv4.weights_ref.key})  # v4's reads always time out
+    blobs._r.delete(pv2.weights_ref.key)  # v2's blob is gone (expired, evicted)
+    publish(events, version(1, pid, blobs=blobs, p=p1))
+    sub = PolicySubscriber(events, pid, "actor-0", blob_store=flaky, shared=SharedWeights(), retry=FAST_RETRY)
+    try:
+        assert sub.wait_for(1, timeout=30.0)
+        for bad, want_failed in ((pv2, 1), (pv4, 2)):
+            publish(events, bad)
+            wait_for(lambda n=want_failed: sub.poll(0.2) or sub.failed >= n, 30, f"version {bad.version} tried")
+            assert sub.version == 1 and same(sub.policy, p1) and sub.failed == want_failed
+        assert flaky.gets.count(pv4.weights_ref.key) == FAST_RETRY.attempts  # bounded: then it gives up
+        assert "not found" in str(sub.last_error) or "TimeoutError" in str(sub.last_error)
+        publish(events, version(5, pid, blobs=blobs, p=p3))
+        assert sub.wait_for(5, timeout=30.0) and same(sub.policy, p3)
+    finally:
+        sub.close()
+
+
+def test_subscribers_of_one_process_share_one_fetch_and_the_decoded_weights(events, blobs):
+    p, pid = policy(7), f"policy-{uuid.uuid4().hex[:8]}"
+    counting = FlakyBlobs(blobs)
+    shared = SharedWeights()
+    publish(events, version(7, pid, blobs=blobs, p=p))
+    subs = [PolicySubscriber(events, pid, f"actor-{i}", blob_store=counting, shared=shared) for i in range(4)]
+    try:
+        threads = [threading.Thread(target=s.wait_for, args=(7, 30.0)) for s in subs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert all(s.version == 7 and same(s.policy, p) for s in subs)
+        assert len(counting.gets) == 1 and (shared.fills, shared.hits) == (1, 3)
+        ptrs = {s.policy.net.actor_mean[0].weight.data_ptr() for s in subs}
+        assert len(ptrs) == 1  # referenced, not copied per subscriber
+    finally:
+        for s in subs:
+            s.close()
+
+
+def test_a_shared_adoption_replaces_the_modules_tensors_and_never_writes_them(blobs):
+    old, new = policy(1), policy(2)
+    before = {k: v.clone() for k, v in old.state_dict().items()}
+    held = old.net.actor_mean[0].weight  # what a snapshot of the previous version holds
+    pv = version(2, f"p-{uuid.uuid4().hex[:6]}", blobs=blobs, p=new)
+    loaded = load_policy(pv, blobs, into=old, shared=SharedWeights())
+    assert loaded is old and same(loaded, new)
+    assert torch.equal(held, before["net.actor_mean.0.weight"])
