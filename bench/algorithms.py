@@ -203,6 +203,38 @@ def table(runs: list[dict], dpos: list[dict]) -> tuple[list[dict], str]:
     return rows, "\n".join(lines)
 
 
+def plot(doc: dict, out_dir: Path, path: Path) -> None:
+    """Left: each algorithm's training return against env steps (mean over seeds, 20 bins, from
+    the runs' curve.json); right: the eval return of every row, mean and std over seeds."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
+    edges = np.linspace(0, doc["steps_per_run"], 21)
+    for name in dict.fromkeys(r["name"] for r in doc["runs"]):
+        curves = []
+        for r in (r for r in doc["runs"] if r["name"] == name):
+            f = out_dir / f"{name}-seed{r['seed']}" / "curve.json"
+            if not f.exists():
+                continue
+            c = json.loads(f.read_text())
+            steps, rets = np.asarray(c["steps"], float), np.asarray(c["returns"], float)
+            idx = np.digitize(steps, edges[1:-1])
+            curves.append([rets[idx == i].mean() if (idx == i).any() else np.nan for i in range(20)])
+        if curves:
+            ax.plot(edges[1:], np.nanmean(np.asarray(curves), 0), label=name)
+    ax.set(xlabel="env steps", ylabel="training return (mean over seeds)", title=doc["env"])
+    ax.legend(fontsize=8)
+    rows = [r for r in doc["rows"] if r.get("eval", {}).get("mean") is not None]
+    bx.bar([r["name"] for r in rows], [r["eval"]["mean"] for r in rows], yerr=[r["eval"]["std"] for r in rows])
+    bx.set(ylabel="eval return (mean action)", title=f"after {doc['steps_per_run']:,} steps, seeds {doc['seeds']}")
+    bx.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--env", default="InvertedPendulum-v5")
@@ -225,6 +257,7 @@ def main() -> None:
     if args.render is not None:
         saved = json.loads(args.render.read_text())
         print(table(saved["runs"], saved["dpo"])[1])
+        plot(saved, args.render.parent, args.render.with_suffix(".png"))
         return
     torch.set_num_threads(args.threads)
     out = args.out or Path("runs/bench-algorithms") / time.strftime("%Y%m%d-%H%M%S")
@@ -260,6 +293,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "algorithms.json").write_text(json.dumps(doc, indent=2))
     (out / "algorithms.md").write_text(md + "\n")
+    plot(doc, out, out / "algorithms.png")
     print(json.dumps(doc, indent=2))
     print(md)
 

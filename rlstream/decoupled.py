@@ -311,6 +311,10 @@ class RunMonitor:
             "restarts": {n: k for n, k in sorted(self.restarts.items()) if k},
         }
 
+    def learner_updates(self) -> int:
+        """The learner's update count from its state file (no broker call)."""
+        return int((read_state(state_path(self.cfg, "learner")) or {}).get("updates", 0))
+
     def log_line(self) -> dict[str, Any]:
         fields = self.fields()
         if self.log is not None:
@@ -397,6 +401,10 @@ def streams_cmd(cfg: TrainConfig, index: int) -> list[str]:
             "--without-web"]
 
 
+#: How often the parent checks whether the learner has drained the actors' last samples.
+DRAIN_CHECK_S = 1.0
+
+
 def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | None = None) -> dict[str, Any]:
     """Start the learner, ``stream_workers`` Faust workers and ``num_actors`` actors in
     ``cfg.bus.namespace``; print progress every ``log_every_s``; wait for the learner. Actors stop
@@ -416,7 +424,7 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     bus = wiring.build_bus(cfg.bus)  # create the topics before anyone subscribes; read lags from it
     actors = [f"actor-{i}" for i in range(cfg.num_actors)]
     monitor = RunMonitor(cfg, bus, actors, log, restarts=sup.restarts)
-    drain_s = max(30.0, 3 * cfg.log_every_s)
+    drain_s = max(30.0, 3 * min(cfg.log_every_s, 60.0))  # children write their state every second
     rc, ended = None, "stopped"  # why the run ended: learner_done, drained or stopped (a signal)
     try:
         for name, cmd in child_commands(cfg, config_path).items():
@@ -426,15 +434,20 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
                      namespace=cfg.bus.namespace or "(legacy)", partitions=cfg.bus.partitions,
                      max_restarts=cfg.max_restarts)
         next_line = time.monotonic() + cfg.log_every_s
+        next_check = time.monotonic() + DRAIN_CHECK_S
         drained: tuple[int, float] | None = None  # (learner updates, since) once every actor is done
         while not stop.is_set():
             if "learner" not in sup.pending and procs["learner"].poll() == 0:
                 rc, ended = 0, "learner_done"
                 break
             sup.check(done_ok={"learner", *actors})  # 0: the learner or an actor spent its budget
-            if time.monotonic() >= next_line:
-                next_line = time.monotonic() + cfg.log_every_s
-                updates = monitor.log_line()["updates"]
+            if time.monotonic() >= next_check:  # drain checks do not wait for progress lines
+                next_check = time.monotonic() + DRAIN_CHECK_S
+                if time.monotonic() >= next_line:
+                    next_line = time.monotonic() + cfg.log_every_s
+                    updates = monitor.log_line()["updates"]
+                else:
+                    updates = monitor.learner_updates()
                 if not any(sup.alive(n) for n in actors):
                     if drained is None or drained[0] != updates:
                         drained = (updates, time.monotonic())

@@ -32,7 +32,10 @@ class Progress:
     """More fields for each line (e.g. a stalled actor's ``stalled_s``)."""
     state_path: Path | None = None
     """Write each line's fields here too (atomically), for a supervisor to read."""
+    state_every_s: float = 1.0
+    """The state file is written at least this often, however rarely lines are logged."""
     _last_log: float = 0.0
+    _last_state: float = 0.0
     _last_steps: int = 0
     _last_t: float = field(default_factory=time.perf_counter)
 
@@ -52,10 +55,13 @@ class Progress:
 
     def maybe_log(self, force: bool = False) -> None:
         now = time.perf_counter()
-        if not force and now - self._last_log < self.log_every_s:
+        log_due = force or now - self._last_log >= self.log_every_s
+        state_due = self.state_path is not None and now - self._last_state >= self.state_every_s
+        if not (log_due or state_due):
             return
         recent_sps = (self.steps - self._last_steps) / max(1e-9, now - self._last_t)
-        self._last_log, self._last_steps, self._last_t = now, self.steps, now
+        if log_due:
+            self._last_log, self._last_steps, self._last_t = now, self.steps, now
         ret = self.mean_return()
         fields = {
             "steps": self.steps,
@@ -71,6 +77,9 @@ class Progress:
             fields.update(self.extra())
         if self.state_path is not None:
             write_state(self.state_path, fields)
+            self._last_state = now
+        if not log_due:
+            return
         if self.log is not None:
             self.log.info("progress", **fields)
         else:
