@@ -67,6 +67,9 @@ class LearnerConfig:
     """Consumer group on rl.samples.prepared."""
     max_updates: int | None = None
     """Stop (``done``) after this many updates; None: run until stopped."""
+    total_samples: int | None = None
+    """The run's budget: once the samples trained and buffered reach it, the remainder is
+    trained as a last, smaller update rather than waited on (None: no budget)."""
     env_id: str = ""
     """Recorded in snapshots, so a rollback can check it restores a policy of the same env."""
     run_id: str = ""
@@ -165,6 +168,7 @@ class Learner:
         self.algo.load_state_dict(state)
         self.model_version = version
         self.stats.updates = int(meta.get("updates", 0))
+        self.stats.samples_trained = int(meta.get("samples_trained", self.stats.updates * self.config.train_batch_size))
         for bid in meta.get("trained_batch_ids", []):
             self._seen[bid] = None
         return {(t, int(p)): int(o) for t, p, o in meta.get("offsets", [])} or None
@@ -242,9 +246,12 @@ class Learner:
             self._pending.append((rec, pb))
             self._pending_ids.add(bid)
             self._pending_size += pb.sample.size
-        ready = bool(self._pending) and self._pending_size >= self.config.train_batch_size
+        need = self.config.train_batch_size
+        if self.config.total_samples is not None:
+            need = max(1, min(need, self.config.total_samples - self.stats.samples_trained))
+        ready = bool(self._pending) and self._pending_size >= need
         if self.parallel is not None:  # every rank decides together, each with its share
-            ready = self.parallel.agree(self._pending_size, paused, self.config.train_batch_size).train
+            ready = self.parallel.agree(self._pending_size, paused, need).train
         if ready:
             return self._train()
         self._commit_handled()
@@ -373,6 +380,7 @@ class Learner:
             seen = [i for s in shares for i in s[1]]
         meta = {
             "updates": self.stats.updates,
+            "samples_trained": self.stats.samples_trained,
             "algo": self.config.algo,
             "arch": arch_of(self.algo.policy),
             "env_id": self.config.env_id,

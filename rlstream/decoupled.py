@@ -194,10 +194,11 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
         health.register("breaker", lambda: (True, {"state": breaker.state.name, "trips": breaker.trips}))
         health.register("training", lambda: (True, {"updates": learner.stats.updates, **idle()}))
     started = time.perf_counter()
-    max_updates = max(1, cfg.total_steps // cfg.train_batch_size)
     try:
         drive([Slot(learner, timeout=0.2)], stop=None if parallel else stop,  # ranks stop together
-              done=lambda: learner.stats.updates >= max_updates or bool(parallel and parallel.stopping),
+              # done once it has trained the run's budget of samples (AGRO/TBA updates can be
+              # larger than a batch: counting updates would wait for samples that never come)
+              done=lambda: learner.stats.samples_trained >= cfg.total_steps or bool(parallel and parallel.stopping),
               on_round=_round(None, health, progress))
         progress.maybe_log(force=True)
     finally:

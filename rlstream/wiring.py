@@ -195,6 +195,7 @@ def build_learner(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, a
 
     blob = RedisBlobStore(cfg.redis()) if cfg.redis() else None
     lcfg = LearnerConfig(algo=cfg.algo, train_batch_size=cfg.train_batch_size, snapshot_every=cfg.snapshot_every,
+                         total_samples=cfg.total_steps,
                          env_id=cfg.env_id, policy_id=cfg.policy_id, run_id=cfg.effective_run_id(),
                          claim_check_above=cfg.claim_check_above)
     return Learner(lcfg, algo, events, snapshots=store, breaker=breaker, lag_signal=lag_signal,

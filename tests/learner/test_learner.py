@@ -112,6 +112,20 @@ def test_a_redelivered_record_is_skipped_without_a_dead_letter(events, tmp_path)
     assert list(events.bus.read_all(DEADLETTER)) == []
 
 
+@pytest.mark.parametrize("budget", [None, 3 * T * N])
+def test_the_remainder_of_the_budget_is_trained_as_a_last_smaller_update(events, tmp_path, budget):
+    """Batches of two fragments, a budget of three: the third is trained alone, not waited on
+    (a decoupled run's actors have stopped; nothing else will come). Without a budget it waits."""
+    algo = make_algorithm("ppo", OBS, ACT, {"num_minibatches": 2, "update_epochs": 1}, "cpu")
+    lr = Learner(LearnerConfig(train_batch_size=2 * T * N, snapshot_every=0, total_samples=budget), algo, events)
+    lr.start()
+    for s in range(3):
+        events.publish(SAMPLES_PREPARED, prepared(s), key="actor-0")
+        trained = lr.step(0) is not None
+        assert trained == (s == 1 or (s == 2 and budget is not None)), s
+    assert lr.stats.samples_trained == (3 if budget else 2) * T * N
+
+
 def test_resume_restores_state_seeks_to_snapshot_offsets_and_keeps_versions_monotonic(events, tmp_path):
     store = open_store(tmp_path, keep_last=None)
     lr = make(events, store, snapshot_every=2)
@@ -133,7 +147,7 @@ def test_resume_restores_state_seeks_to_snapshot_offsets_and_keeps_versions_mono
     # a NEW version (4) carries the restored snapshot-2 weights, parent 2
     v = versions(events)[-1]
     assert (v.version, v.parent_version) == (4, 2)
-    assert lr2.stats.updates == 2
+    assert (lr2.stats.updates, lr2.stats.samples_trained) == (2, 2 * T * N)  # the run's budget counts on
     # batch 3 (trained after the snapshot) is re-delivered and trained again; 1 and 2 are not
     assert lr2.step(0) is not None
     step = [events.codec.decode(r.value) for r in events.bus.read_all(LEARNER_STEPS)][-1]
@@ -151,18 +165,16 @@ def test_resume_before_the_first_snapshot_retrains_from_the_log_start(events, tm
     store = open_store(tmp_path, keep_last=None)
     lr = make(events, store, snapshot_every=10)
     lr.start()
-    batches = [prepared(s) for s in range(2)]
-    for b in batches:
-        events.publish(SAMPLES_PREPARED, b, key="actor-0")
-        assert lr.step(0) is not None
+    train(lr, events, 2)
     assert store.latest() is None
     lr.close()
+    trained = [b for r in events.bus.read_all(LEARNER_STEPS) for b in events.codec.decode(r.value).batch_ids]
 
     lr2 = make(events, store, snapshot_every=10)
     lr2.start(resume=True)
     assert lr2.step(0) is not None
     step = [events.codec.decode(r.value) for r in events.bus.read_all(LEARNER_STEPS)][-1]
-    assert step.batch_ids == [b.sample.batch_id for b in batches]
+    assert len(trained) == 2 and step.batch_ids == trained
     assert versions(events)[-2].parent_version is None  # the restart began a new line from scratch
 
 

@@ -94,16 +94,20 @@ def assert_monotonic(versions: list[PolicyVersion]) -> None:
     assert {v.learner_id for v in versions} == {"learner-0"}  # one publisher
 
 
-def test_two_ranks_train_every_batch_once_and_version_monotonically(run, tmp_path):
-    run.produce(12)
-    lr = Role("learner", run.cmd(), tmp_path / "learner.log", env())
+def train_until(run: Run, tmp_path: Path, n: int, what: str, *extra: str, log: str = "learner.log") -> None:
+    """Start the 2-rank learner, wait until fragments b0..b<n-1> are trained, stop it cleanly."""
+    lr = Role("learner", run.cmd(*extra), tmp_path / log, env())
     try:
-        wait_for(trained_all(run, lr, 12), 300,
-                 "both ranks to train all 12 fragments", every=1.0, on_timeout=lr.tail)
+        wait_for(trained_all(run, lr, n), 300, what, every=1.0, on_timeout=lr.tail)
         assert lr.terminate(60) == 0, lr.tail()
     finally:
         if lr.alive():
             lr.kill()
+
+
+def test_two_ranks_train_every_batch_once_and_version_monotonically(run, tmp_path):
+    run.produce(12)
+    train_until(run, tmp_path, 12, "both ranks to train all 12 fragments")
     steps = run.steps()
     ids = [b for s in steps for b in s.batch_ids]
     assert len(ids) == len(set(ids)) == 12  # nothing trained twice, nothing missing
@@ -125,14 +129,7 @@ def test_a_rank_whose_partition_stays_empty_does_not_stall_the_group(run, tmp_pa
     """One actor, so one partition: the rank owning the other holds nothing, and the group still
     trains every fragment once (the global batch is the busy rank's share)."""
     run.produce(6, partition=1)
-    lr = Role("learner", run.cmd(), tmp_path / "learner.log", env())
-    try:
-        wait_for(trained_all(run, lr, 6), 300,
-                 "the group to train the busy partition's fragments", every=1.0, on_timeout=lr.tail)
-        assert lr.terminate(60) == 0, lr.tail()
-    finally:
-        if lr.alive():
-            lr.kill()
+    train_until(run, tmp_path, 6, "the group to train the busy partition's fragments")
     ids = run.trained()
     assert sorted(ids) == sorted(f"b{i}" for i in range(6)), ids
     assert_monotonic(run.read(POLICY_VERSIONS, PolicyVersion))
@@ -162,14 +159,7 @@ def test_a_killed_rank_stops_the_other_and_a_restart_resumes_from_the_snapshot(r
     before = run.read(POLICY_VERSIONS, PolicyVersion)
     snap = store.latest()
     run.produce(12)
-    lr = Role("learner", run.cmd("--resume"), tmp_path / "resumed.log", env())
-    try:
-        wait_for(trained_all(run, lr, 16), 300,
-                 "the resumed group to train every fragment", every=1.0, on_timeout=lr.tail)
-        assert lr.terminate(60) == 0, lr.tail()
-    finally:
-        if lr.alive():
-            lr.kill()
+    train_until(run, tmp_path, 16, "the resumed group to train every fragment", "--resume", log="resumed.log")
     versions = run.read(POLICY_VERSIONS, PolicyVersion)
     assert_monotonic(versions)
     resumed = versions[len(before)]
