@@ -32,8 +32,13 @@ Choices here:
   of its group (``group_id``), broadcast over its steps;
   then the scalar ``b`` above (exact for one state; with many states it is the part of
   ``beta * log Z(s)`` that the state baseline does not already remove).
-* ``norm_adv`` divides ``A`` by its std over the batch (no re-centring: ``b`` is the centre),
-  so ``beta`` is in units of standard deviations of the advantage.
+* ``norm_adv`` divides ``A`` by a std over the batch (no re-centring: ``b`` is the centre), so
+  ``beta`` is in units of standard deviations of the advantage: the std of the *uncorrected*
+  advantages (``rho = c = 1``), so that V-trace's truncation still shrinks a stale batch's step.
+  Dividing by the corrected advantages' own std undid it: at 16 versions of lag on HalfCheetah
+  their std fell to a fifth, each update moved the policy about three times as far from its
+  reference, the policy drifted from its samples (rho fell further) and the return sank below
+  the initial policy's (docs/algorithms.md, staleness).
 * ``pi_ref`` is a frozen copy of the policy, refreshed every ``ref_update_interval`` updates
   (1 = the policy as it was at the start of this update, which turns the regulariser into a
   proximal term and each update into one mirror-descent step ``pi <- pi_ref * exp(A / beta)``;
@@ -147,8 +152,9 @@ class AGRO(BaseAlgorithm):
 
     # ---- advantages ----------------------------------------------------------------------
     @torch.no_grad()
-    def _advantages(self, batch: TrajectoryBatch, mask: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor], Optional[Tensor], dict[str, float]]:
-        """``(A [T, N] with the state baseline removed, value_targets or None, old_values or None, metrics)``."""
+    def _advantages(self, batch: TrajectoryBatch, mask: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor], Optional[Tensor], Tensor, dict[str, float]]:
+        """``(A [T, N] with the state baseline removed, value_targets or None, old_values or None,
+        the advantages whose spread ``norm_adv`` divides by, metrics)``."""
         cfg = self.config
         metrics: dict[str, float] = {}
         if cfg.baseline == "group":
@@ -157,7 +163,7 @@ class AGRO(BaseAlgorithm):
             mean, _, _, _ = group_stats(R, batch.group_id)
             adv = (R - mean).unsqueeze(0).expand_as(batch.rewards).clone()
             metrics["return_mean"] = float(R.mean())
-            return adv, None, None, metrics
+            return adv, None, None, adv, metrics
         rewards = (
             self.reward_scaler(batch.rewards, batch.terminated, batch.stream_ids, batch.mask) if cfg.normalize_reward else batch.rewards
         )
@@ -174,11 +180,19 @@ class AGRO(BaseAlgorithm):
             metrics["explained_variance"] = explained_variance(values.reshape(-1), vs.reshape(-1))
             metrics["return_mean"] = float(vs.mean())
             metrics["rho_mean"] = float(masked_mean(rho, mask))
-            return adv, vs, values, metrics
+            # the spread to normalise by is that of the uncorrected advantages: truncated traces
+            # shrink A on stale data, and dividing by A's own std would undo that and grow the
+            # step as the data gets staler (the policy then runs away from its samples)
+            scale = adv
+            if not (bool((rho == 1).all()) and bool((c == 1).all())):
+                ones = torch.ones_like(rho)
+                _, scale = vtrace(rewards, values, batch.terminated, batch.truncated, last_value, final_values,
+                                  ones, ones, cfg.gamma, cfg.gae_lambda)
+            return adv, vs, values, scale, metrics
         zeros = torch.zeros_like(rewards)
         rtg, _ = compute_gae(rewards, zeros, batch.terminated, batch.truncated, zeros[0], None, cfg.gamma, 1.0)
         metrics["return_mean"] = float(masked_mean(rtg, mask))
-        return rtg, None, None, metrics
+        return rtg, None, None, rtg, metrics
 
     def update(self, batch: TrajectoryBatch) -> dict[str, float]:
         cfg = self.config
@@ -188,11 +202,13 @@ class AGRO(BaseAlgorithm):
         mask = batch.mask
         if cfg.baseline == "group":
             mask = rollout_mask(batch.terminated, batch.truncated, mask)
-        adv, ret, old_values, metrics = self._advantages(batch, mask)
+        adv, ret, old_values, scale, metrics = self._advantages(batch, mask)
         std = torch.sqrt(masked_mean((adv - masked_mean(adv, mask)).pow(2), mask))
         metrics["adv_std_raw"] = float(std)
         if cfg.norm_adv:
-            adv = adv / (std + 1e-8)
+            norm = std if scale is adv else torch.sqrt(masked_mean((scale - masked_mean(scale, mask)).pow(2), mask))
+            metrics["adv_norm_std"] = float(norm)
+            adv = adv / (norm + 1e-8)
         raw_weights = self._sample_weights(batch)
         weights, lr = self._step_weights(raw_weights, mask)
         self.set_learning_rate(lr)

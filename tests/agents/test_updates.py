@@ -139,6 +139,23 @@ def test_agro_update_uses_vtrace_targets_with_its_own_ratios():
     assert m["loss_value"] == pytest.approx(0.5 * sum((v - x) ** 2 for v, x in zip(V, vs)) / 4, rel=1e-4)
 
 
+def test_agro_normalises_stale_advantages_by_the_uncorrected_spread():
+    """Truncated traces shrink A on stale data; dividing by A's own std would undo that (and grow
+    the step with staleness). The divisor is the std of the rho = c = 1 advantages."""
+    cfg = AGROConfig(gamma=GAMMA, gae_lambda=LAM, normalize_reward=False, norm_adv=True, **ONE_STEP)
+    algo = AGRO(cfg, OBS, ACT)
+    batch = four_step_batch(algo.policy, RATIOS)
+    V, Vf, VL = critic_values(algo.policy, batch)
+    r = REWARDS[:, 0].tolist()
+    _, adv = hand_vtrace(r, V, Vf, VL, [1.0, 0.5, 0.0, 0.25])
+    _, plain = hand_vtrace(r, V, Vf, VL, [1.0, 1.0, 1.0, 1.0])
+    std = torch.tensor(plain).std(unbiased=False).item()
+    assert std != pytest.approx(torch.tensor(adv).std(unbiased=False).item(), rel=1e-2)  # the test can tell
+    m = algo.update(batch)
+    assert m["adv_norm_std"] == pytest.approx(std, rel=1e-5)
+    assert m["baseline"] == pytest.approx(sum(adv) / 4 / std, rel=1e-4)
+
+
 # ---- GRPO / DAPO: clips, mask and KL ----------------------------------------------------------------
 
 def group_batch(policy, ratio_pos: float, ratio_neg: float, tie: bool = False) -> TrajectoryBatch:
