@@ -184,7 +184,7 @@ class AGRO(BaseAlgorithm):
             # shrink A on stale data, and dividing by A's own std would undo that and grow the
             # step as the data gets staler (the policy then runs away from its samples)
             scale = adv
-            if not (bool((rho == 1).all()) and bool((c == 1).all())):
+            if cfg.vtrace:  # without it rho = c = 1 already
                 ones = torch.ones_like(rho)
                 _, scale = vtrace(rewards, values, batch.terminated, batch.truncated, last_value, final_values,
                                   ones, ones, cfg.gamma, cfg.gae_lambda)
@@ -203,10 +203,13 @@ class AGRO(BaseAlgorithm):
         if cfg.baseline == "group":
             mask = rollout_mask(batch.terminated, batch.truncated, mask)
         adv, ret, old_values, scale, metrics = self._advantages(batch, mask)
-        std = torch.sqrt(masked_mean((adv - masked_mean(adv, mask)).pow(2), mask))
+        def spread(x: Tensor) -> Tensor:
+            return torch.sqrt(masked_mean((x - masked_mean(x, mask)).pow(2), mask))
+
+        std = spread(adv)
         metrics["adv_std_raw"] = float(std)
         if cfg.norm_adv:
-            norm = std if scale is adv else torch.sqrt(masked_mean((scale - masked_mean(scale, mask)).pow(2), mask))
+            norm = spread(scale)
             metrics["adv_norm_std"] = float(norm)
             adv = adv / (norm + 1e-8)
         raw_weights = self._sample_weights(batch)

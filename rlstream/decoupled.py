@@ -287,7 +287,7 @@ class RunMonitor:
 
     def fields(self) -> dict[str, Any]:
         states = {n: read_state(state_path(self.cfg, n)) or {} for n in self.actors}
-        learner = read_state(state_path(self.cfg, "learner")) or {}
+        learner = self._learner_state()
         steps = sum(int(st.get("steps", 0)) for st in states.values())
         now = time.perf_counter()
         t0, s0 = self._last
@@ -312,9 +312,12 @@ class RunMonitor:
             "restarts": {n: k for n, k in sorted(self.restarts.items()) if k},
         }
 
+    def _learner_state(self) -> dict[str, Any]:
+        return read_state(state_path(self.cfg, "learner")) or {}
+
     def learner_updates(self) -> int:
         """The learner's update count from its state file (no broker call)."""
-        return int((read_state(state_path(self.cfg, "learner")) or {}).get("updates", 0))
+        return int(self._learner_state().get("updates", 0))
 
     def log_line(self) -> dict[str, Any]:
         fields = self.fields()
