@@ -10,6 +10,11 @@ reference (the actor only reads its module; adoption replaces its tensors, never
 a sampler's snapshot of the previous version stays intact). A version that does not load (after
 the loader's bounded retries) is counted and skipped: the actor keeps the version it has and
 takes the next one.
+
+``lag`` (decoupled experiments, ``TrainConfig.actor_lag_versions``): act with the newest version
+at least ``lag`` versions behind the newest received, so every fragment is K versions stale when
+it leaves the actor and the whole pipeline (staleness window, importance weights, V-trace) sees
+real staleness; until ``lag`` versions exist it acts with the first one it received.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from streams.policies import (
     FetchRetry,
     PolicyFollower,
     PolicyLoadError,
+    PolicyUpdate,
     SharedWeights,
     StartRule,
     load_policy,
@@ -40,12 +46,15 @@ class PolicySubscriber:
     """``poll()`` adopts the newest PolicyVersion that arrived (older ones in the same poll are
     skipped: an actor only ever wants the latest). ``policy`` is None until the first one.
     ``shared``: the process's decoded versions (None: this subscriber decodes and copies alone);
-    ``failed``/``last_error``: versions that did not load."""
+    ``failed``/``last_error``: versions that did not load; ``lag``: module doc."""
 
     def __init__(self, events: EventBus, policy_id: str, stage: str,
                  on_latency: Callable[[float], None] | None = None,
                  blob_store: Blobs = None, from_version: int | None = None,
-                 shared: SharedWeights | None = PROCESS_WEIGHTS, retry: FetchRetry = DEFAULT_RETRY) -> None:
+                 shared: SharedWeights | None = PROCESS_WEIGHTS, retry: FetchRetry = DEFAULT_RETRY,
+                 lag: int = 0) -> None:
+        if lag < 0:
+            raise ValueError(f"lag must be >= 0, got {lag}")
         self.events = events
         self.policy_id = policy_id
         self.blob_store = blob_store
@@ -59,10 +68,13 @@ class PolicySubscriber:
         self.version_created_ms: int = 0
         self.adopted = self.failed = 0
         self.last_error: Exception | None = None
+        self.lag = lag
+        self.newest = -1  # the newest version received (with a lag, ahead of ``version``)
+        self._held: dict[int, PolicyUpdate] = {}  # with a lag: received, not yet due
 
     def poll(self, timeout: float = 0.0) -> bool:
         """Adopt the newest version available within ``timeout``; True if one was adopted."""
-        candidates = [u for u in self.follower.poll(timeout) if u.version > self.version]
+        candidates = self._due(self.follower.poll(timeout))
         # newest first; a version whose weights do not load is skipped and counted (the learner
         # owns its dead letter) and the next newest is tried, so one bad record never leaves the
         # actor on an older policy, nor ends it
@@ -87,6 +99,21 @@ class PolicySubscriber:
         if lat is not None and self.on_latency is not None:
             self.on_latency(lat)
         return True
+
+    def _due(self, arrived: list[PolicyUpdate]) -> list[PolicyUpdate]:
+        """The versions that may be adopted now: all newer ones, or with a lag those at least
+        ``lag`` behind the newest received (the first one received while none is adopted)."""
+        for u in arrived:
+            self.newest = max(self.newest, u.version)
+        if not self.lag:
+            return [u for u in arrived if u.version > self.version]
+        self._held.update((u.version, u) for u in arrived if u.version > self.version)
+        if not self._held:
+            return []
+        due_to = self.newest - self.lag if self.policy is not None else max(self.newest - self.lag, min(self._held))
+        due = [u for v, u in self._held.items() if v <= due_to]
+        self._held = {v: u for v, u in self._held.items() if v > due_to}
+        return due
 
     def wait_for(self, min_version: int, timeout: float) -> bool:
         """Block until a version >= ``min_version`` is adopted, or ``timeout`` passes."""

@@ -11,11 +11,17 @@ of the last 10 episodes' raw returns.
 
 Peers (installed with ``pip install -e .[bench]``; this script installs nothing):
 - ``sb3``: Stable-Baselines3 PPO (``VecNormalize`` for the normalisation);
-- ``cleanrl``: ``python -m cleanrl.ppo_continuous_action`` if the ``cleanrl`` package is
-  importable and runs here; otherwise its row says why (see docs/benchmarks.md);
+- ``cleanrl``: CleanRL's own ``ppo_continuous_action`` script (``python -m
+  cleanrl.ppo_continuous_action``), run by ``--cleanrl-python``: an interpreter with ``cleanrl``
+  1.2.0 and the Gymnasium 0.28 / MuJoCo 2.3 it was written for, which this project's Python 3.11
+  and Gymnasium 1.4 are not (docs/benchmarks.md says how to make one). Gymnasium 0.28 has no
+  ``-v5`` tasks, so a table with CleanRL in it runs every peer on ``HalfCheetah-v4``. Its SPS is
+  the figure the script prints (timed around its training loop, as ours are); its process CPU
+  time includes start-up, so no CPU ratio is drawn against it;
 - ``rlstream``: ``rlstream train --mode colocated`` (``run_colocated``).
 
     python bench/peers.py --steps 20480 --seeds 1 2 3
+    python bench/peers.py --env HalfCheetah-v4 --cleanrl-python .venv-cleanrl/bin/python --seeds 1 2 3
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import json
 import os
 import platform
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -63,23 +70,31 @@ def run_sb3(env_id: str, steps: int, seed: int) -> dict:
             "returns": [float(e["r"]) for e in model.ep_info_buffer]}
 
 
-def run_cleanrl(env_id: str, steps: int, seed: int) -> dict:
-    """CleanRL's own script as a module, in a subprocess; returns parsed from its stdout."""
-    cmd = [sys.executable, "-m", "cleanrl.ppo_continuous_action", "--env-id", env_id, "--seed", str(seed),
+def run_cleanrl(env_id: str, steps: int, seed: int, python: str) -> dict:
+    """CleanRL's own script as a module, in a subprocess; returns and SPS parsed from its stdout."""
+    cmd = [python, "-m", "cleanrl.ppo_continuous_action", "--env-id", env_id, "--seed", str(seed),
            "--total-timesteps", str(steps), "--num-envs", "1", "--num-steps", "2048", "--num-minibatches", "32",
            "--update-epochs", "10", "--track", "False", "--capture-video", "False", "--cuda", "False"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # one torch thread, as every peer
     with tempfile.TemporaryDirectory() as d:
+        c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        p = subprocess.run(cmd, cwd=d, capture_output=True, text=True)
+        p = subprocess.run(cmd, cwd=d, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t0
+        c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0:
         last = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
-        return {"unavailable": f"`python -m cleanrl.ppo_continuous_action` exited {p.returncode}: {last} "
-                               "(why it cannot run here: docs/benchmarks.md)"}
-    sps = [float(x) for x in re.findall(r"SPS:\s*([\d.]+)", p.stdout)]
-    rets = [float(x) for x in re.findall(r"episodic_return=([-\d.e]+)", p.stdout)]
-    return {"steps": steps, "wall_s": wall, "cpu_s": None, "returns": rets,
-            "sps_reported": sps[-1] if sps else None}
+        return {"unavailable": f"`{python} -m cleanrl.ppo_continuous_action` exited {p.returncode}: {last} "
+                               "(docs/benchmarks.md: which Python runs it)"}
+    sps = [float(x) for x in re.findall(r"^SPS:\s*([\d.]+)", p.stdout, re.M)]
+    rets = [float(x) for x in re.findall(r"episodic_return=\[?([-\d.e+]+)", p.stdout)]
+    if not sps:
+        return {"unavailable": "CleanRL printed no SPS line"}
+    cpu = (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime)
+    # cpu_s stays None: the child's CPU includes interpreter and env start-up, so no CPU ratio is drawn
+    return {"steps": steps, "wall_s": steps / sps[-1], "process_wall_s": wall, "cpu_s": None,
+            "process_cpu_s": cpu, "returns": rets}
 
 
 def run_rlstream(env_id: str, steps: int, seed: int) -> dict:
@@ -94,13 +109,15 @@ def run_rlstream(env_id: str, steps: int, seed: int) -> dict:
     return {"steps": int(summary["steps"]), "wall_s": wall, "cpu_s": cpu, "returns": curve["returns"]}
 
 
-def one(peer: str, env_id: str, steps: int, seed: int) -> dict:
+def one(peer: str, env_id: str, steps: int, seed: int, cleanrl_python: str) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    run = {"sb3": run_sb3, "cleanrl": run_cleanrl, "rlstream": run_rlstream}[peer]
     try:
-        out = run(env_id, steps, seed)
+        if peer == "cleanrl":
+            out = run_cleanrl(env_id, steps, seed, cleanrl_python)
+        else:
+            out = {"sb3": run_sb3, "rlstream": run_rlstream}[peer](env_id, steps, seed)
     except ImportError as e:
         return {"unavailable": f"not installed: {e} (pip install -e .[bench])"}
     if "unavailable" in out:
@@ -124,17 +141,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20480, help="env steps per run (CleanRL's reference: 1M)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1])
     ap.add_argument("--peers", nargs="+", default=list(PEERS), choices=PEERS)
+    ap.add_argument("--cleanrl-python", default=sys.executable,
+                    help="interpreter with cleanrl 1.2.0 and Gymnasium 0.28 (docs/benchmarks.md)")
     ap.add_argument("--one", choices=PEERS, help=argparse.SUPPRESS)  # internal: run one peer, print its row
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one(args.one, args.env, args.steps, args.seeds[0])))
+        print(json.dumps(one(args.one, args.env, args.steps, args.seeds[0], args.cleanrl_python)))
         return
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     runs: dict[str, list[dict]] = {p: [] for p in args.peers}
     for seed in args.seeds:
         for peer in args.peers:  # interleaved, so a change in the machine's load hits every peer
             p = subprocess.run([sys.executable, __file__, "--one", peer, "--env", args.env, "--steps", str(args.steps),
-                                "--seeds", str(seed)], cwd=ROOT, env=env, capture_output=True, text=True)
+                                "--seeds", str(seed), "--cleanrl-python", args.cleanrl_python], cwd=ROOT, env=env, capture_output=True, text=True)
             lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
             row = json.loads(lines[-1]) if p.returncode == 0 and lines else {
                 "unavailable": f"exited {p.returncode}: {(p.stderr.strip().splitlines() or [''])[-1]}"}
@@ -155,6 +174,13 @@ def main() -> None:
                 ratios[f"rlstream_minus_{peer}_return"] = round(ours["return_last10"] - summary[peer]["return_last10"], 1)
     import torch
 
+    versions = {}
+    if "cleanrl" in args.peers:
+        probe = subprocess.run([args.cleanrl_python, "-c", "import importlib.metadata as m, platform; print(platform.python_version(), "
+                                "*(m.version(d) for d in ('cleanrl', 'gymnasium', 'mujoco', 'torch')))"],
+                               capture_output=True, text=True)
+        if probe.returncode == 0:
+            versions["cleanrl"] = dict(zip(("python", "cleanrl", "gymnasium", "mujoco", "torch"), probe.stdout.split()))
     print(json.dumps({
         "bench": "peers", "env": args.env, "steps": args.steps, "seeds": args.seeds, "target_sps_ratio_min": 2.0,
         "settings": {"num_envs": 1, "steps_per_update": 2048, "epochs": 10, "minibatch": 64, "hidden": [64, 64],
@@ -162,6 +188,7 @@ def main() -> None:
                      "torch_threads": 1},
         "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
                  "loadavg_1m": round(os.getloadavg()[0], 2)},
+        "peer_versions": versions,
         "summary": summary, "ratios": ratios, "runs": runs,
     }, indent=2))
 

@@ -15,8 +15,19 @@ rule (AGRO, TBA), TBA's staleness-decayed learning rate, decoupled PPO's clip an
 learner's own policy with the behaviour weight. "Without": ``vtrace=false`` (rho = c = 1), TBA's
 ``staleness_schedule=none``, plain PPO (clip anchored at the stale behaviour policy).
 
+``--decoupled`` runs AGRO and TBA the production way instead: ``rlstream train --mode decoupled``
+over Kafka (actor, Faust worker and learner as processes), with the actors' lag set to K
+(``TrainConfig.actor_lag_versions``): every fragment leaves the actor K versions behind the newest
+version it has received, and the staleness, importance weights and V-trace are computed by the
+real stream processor and learner. The stream processor's staleness window is opened wide
+(``max_versions`` 2^20, no age limit) in both arms, so K = 16 data is neither dropped nor
+down-weighted there and only the learner's correction differs, as in the in-process runs. The
+lag column is then measured, not set: the stream processor's mean version lag, which adds the
+queue's own lag (about one version) to K. Needs ``KAFKA_BROKERS``.
+
     python bench/staleness.py --env HalfCheetah-v5 --steps 1000000 --seeds 0 1 2 --ks 0 4 16
     python bench/staleness.py --steps 4096 --ks 0 2 --algos agro --seeds 0   # smoke
+    KAFKA_BROKERS=127.0.0.1:9092 python bench/staleness.py --decoupled --algos agro tba --steps 200000
 """
 
 from __future__ import annotations
@@ -110,6 +121,44 @@ def run_one(algo_name: str, env_id: str, K: int, correction: bool, steps: int, s
             "wall_s": round(time.perf_counter() - t0, 1), "curve": curve}
 
 
+def run_decoupled_one(algo_name: str, env_id: str, K: int, correction: bool, steps: int, seed: int,
+                      bootstrap: str) -> dict:
+    """One ``rlstream train --mode decoupled`` run with actors ``K`` versions behind (module doc)."""
+    import tempfile
+    import uuid
+
+    from rlstream.config import BusConfig, TrainConfig
+    from rlstream.decoupled import run_decoupled
+    from streams.processors.pipeline import PrepareConfig
+
+    class Quiet:
+        def __getattr__(self, name):
+            return lambda *a, **k: None
+
+    algo_overrides = {k: v for k, v in overrides(algo_name, correction, steps, seed).items() if k != "seed"}
+    with tempfile.TemporaryDirectory() as d:
+        cfg = TrainConfig(mode="decoupled", algo=algo_name, env_id=env_id, total_steps=steps, seed=seed,
+                          run_dir=Path(d), log_every_s=1e9, snapshot_every=0, plot=False, actor_lag_versions=K,
+                          algo_overrides=algo_overrides,
+                          streams=PrepareConfig.for_algo(algo_name, max_versions=1 << 20, max_ms=None),
+                          bus=BusConfig(kind="kafka", bootstrap=bootstrap,
+                                        namespace=f"stale-{algo_name}-{K}-{int(correction)}-{seed}-{uuid.uuid4().hex[:6]}"))
+        t0 = time.perf_counter()
+        summary = run_decoupled(cfg, log=Quiet())
+        wall = time.perf_counter() - t0
+        curve = json.loads((Path(d) / "actor-0" / "curve.json").read_text())
+    procs = summary["processes"]
+    learner, streams = procs.get("learner", {}), procs.get("streams", {})
+    curve = list(zip(curve["steps"], curve["returns"]))
+    rets = [r for _, r in curve]
+    return {"algo": algo_name, "K": K, "correction": correction, "seed": seed, "steps": procs["actor-0"]["steps"],
+            "updates": learner.get("updates"), "samples_trained": learner.get("samples_trained"),
+            "mean_lag": float(streams["lag_versions"]["mean"]), "max_lag": streams["lag_versions"]["max"],
+            "drops": streams.get("drops"), "episodes": len(rets),
+            "last20": float(np.mean(rets[-20:])) if rets else float("nan"), "wall_s": round(wall, 1),
+            "curve": curve}
+
+
 def _smooth(xs: list[float], window: int = 20) -> np.ndarray:
     """Running mean over the last ``window`` episodes."""
     c = np.cumsum(np.insert(np.asarray(xs, dtype=float), 0, 0.0))
@@ -159,11 +208,16 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--ks", type=int, nargs="+", default=[0, 4, 16], help="policy versions of lag")
     ap.add_argument("--algos", nargs="+", default=list(ALGOS), choices=ALGOS)
+    ap.add_argument("--decoupled", action="store_true",
+                    help="AGRO/TBA as a real decoupled run over Kafka, actors K versions behind (KAFKA_BROKERS)")
     ap.add_argument("--no-ablation", action="store_true", help="only the corrected runs")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None, help="default: runs/bench-staleness/<time>")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.decoupled and "ppo" in args.algos:
+        ap.error("--decoupled runs AGRO and TBA (--algos agro tba): decoupled PPO's lag is its flow's, not K")
+    bootstrap = os.environ.get("KAFKA_BROKERS", "127.0.0.1:9092")
     out = args.out or Path("runs/bench-staleness") / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -172,11 +226,12 @@ def main() -> None:
         for K in args.ks:
             for corr in ((True,) if args.no_ablation else (True, False)):
                 for seed in args.seeds:
-                    r = run_one(a, args.env, K, corr, args.steps, seed)
+                    r = (run_decoupled_one(a, args.env, K, corr, args.steps, seed, bootstrap) if args.decoupled
+                         else run_one(a, args.env, K, corr, args.steps, seed))
                     runs.append(r)
                     print(json.dumps({k: v for k, v in r.items() if k != "curve"}), flush=True)
     md = table(runs)
-    doc = {"bench": "staleness", "env": args.env, "steps_per_run": args.steps, "seeds": args.seeds, "ks": args.ks,
+    doc = {"bench": "staleness", "mode": "decoupled" if args.decoupled else "in-process", "env": args.env, "steps_per_run": args.steps, "seeds": args.seeds, "ks": args.ks,
            "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
                     "threads": args.threads},
            "total_wall_s": round(time.perf_counter() - t0, 1), "table": md, "runs": runs}

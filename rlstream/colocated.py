@@ -26,6 +26,9 @@ from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_P
 def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | None = None,
                   metrics: Metrics | None = None, bus=None) -> dict[str, Any]:
     stop = stop or threading.Event()
+    if cfg.actor_lag_versions:
+        raise ValueError("--actor-lag-versions applies to decoupled mode only "
+                         "(co-located actors always act with the learner's newest version)")
     if cfg.torch_threads:
         import torch
 

@@ -158,6 +158,10 @@ class TrainConfig:
     policy_wait_s: Annotated[float, tyro.conf.arg(aliases=("--policy-wait",))] = 20.0
     """Decoupled, on-policy: the most an actor waits for a newer version before it sends one
     more fragment under the old one (a batch lost on the way must not stall training)."""
+    actor_lag_versions: int = 0
+    """Decoupled only, for staleness experiments: actors act with the newest policy version at least
+    this many versions behind the newest they received, so the data is K versions stale through
+    the whole pipeline (``bench/staleness.py --decoupled``); 0: the newest, as in production."""
     max_backlog: int = 64
     """Decoupled, off-policy: actors pause while the stream processors' backlog on
     rl.samples.raw (records not yet committed by their group) is above this, and resume at half.
@@ -193,6 +197,8 @@ class TrainConfig:
                 object.__setattr__(self, name, getattr(d, name))
         if self.fragment_steps is None and d.fragment_steps is not None:
             object.__setattr__(self, "fragment_steps", d.fragment_steps)
+        if self.actor_lag_versions < 0:
+            raise ValueError(f"--actor-lag-versions must be >= 0, got {self.actor_lag_versions}")
 
     def prepare_config(self) -> PrepareConfig:
         base = self.streams if self.streams is not None else PrepareConfig.for_algo(self.algo)

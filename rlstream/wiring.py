@@ -155,7 +155,7 @@ def build_actor(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, ind
 
     blob = RedisBlobStore(cfg.redis()) if cfg.redis() else None
     sub = PolicySubscriber(events, policy_id=cfg.policy_id, stage=actor_id, on_latency=on_latency,
-                           blob_store=blob)
+                           blob_store=blob, lag=cfg.actor_lag_versions)
     g = group_size(cfg)
     num_envs = cfg.num_envs
     if g and num_envs % g:

@@ -158,3 +158,34 @@ def test_free_running_actor_ends_a_fragment_early_when_a_newer_policy_arrives(ev
     assert (b1.policy_version, b1.num_steps) == (1, 64)
     assert actor.cut_fragments == 1
     np.testing.assert_array_equal(b0.last_obs, b1.obs[0])  # no step lost between the two
+
+
+def test_a_lagged_actor_acts_with_the_version_k_behind_the_newest_received(events):
+    """``lag=K``: the fragment's behaviour policy is the newest version <= newest - K, with that
+    version's own weights, also when several versions arrive between two polls."""
+    policies = {}
+
+    def publish(v: int) -> None:
+        torch.manual_seed(v)
+        policies[v] = Policy(3, 1)
+        publish_policy(events, v, policies[v])
+
+    actor = Actor(ActorConfig(env_id="Pendulum-v1", num_envs=1, fragment_steps=8),
+                  PolicySubscriber(events, "policy", "actor", lag=2), events)
+    publish(0)
+    assert actor.step().policy_version == 0  # the first version received, until two more exist
+    publish(1)
+    assert actor.step().policy_version == 0
+    publish(2)
+    assert actor.step().policy_version == 0
+    publish(3)
+    assert actor.step().policy_version == 1
+    for v in (4, 5, 6):  # three arrive before the next poll
+        publish(v)
+    b = actor.step()
+    assert b.policy_version == 4 and actor.subscriber.newest == 6
+    want = policies[4].log_prob(torch.from_numpy(b.obs), torch.from_numpy(b.actions)).detach().numpy()
+    np.testing.assert_allclose(b.behaviour_logp, want, rtol=1e-4, atol=1e-4)
+    assert actor.step().policy_version == 4  # nothing new arrived: it keeps its version
+    with pytest.raises(ValueError):
+        PolicySubscriber(events, "policy", "other", lag=-1)

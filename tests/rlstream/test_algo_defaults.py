@@ -37,3 +37,13 @@ def test_cli_leaves_unset_flags_to_the_algorithm(tmp_path):
                                    "--run-dir", str(tmp_path / "b")])
     cfg = train_config(a)
     assert (cfg.num_envs, cfg.group_size) == (16, 4)
+
+
+def test_an_actor_lag_is_refused_outside_decoupled_mode_and_below_zero(tmp_path):
+    from rlstream.colocated import run_colocated
+
+    with pytest.raises(ValueError, match="decoupled mode only"):
+        run_colocated(TrainConfig(env_id="Pendulum-v1", actor_lag_versions=4, run_dir=tmp_path))
+    assert not any(tmp_path.iterdir())  # refused before anything ran
+    with pytest.raises(ValueError, match=">= 0"):
+        TrainConfig(mode="decoupled", actor_lag_versions=-1)

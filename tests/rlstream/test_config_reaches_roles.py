@@ -47,7 +47,7 @@ def every_field_set(tmp_path: Path, bootstrap: str) -> TrainConfig:
                  breaker_close_below=10.0, streams=PrepareConfig(**PREPARE), policy_id=POLICY,
                  max_batches_per_version=3, policy_wait_s=7.0, max_backlog=9, fixed_fragments=True,
                  actor_steps=1000, max_steps_ahead=5000, torch_threads=2, learners=2, grad_compression="bf16",
-                 stream_workers=2, max_restarts=1, claim_check_above=2 << 20, bus=BusConfig(**bus))
+                 stream_workers=2, max_restarts=1, claim_check_above=2 << 20, actor_lag_versions=3, bus=BusConfig(**bus))
     for cls, values in ((TrainConfig, train), (BusConfig, bus), (PrepareConfig, PREPARE)):
         missing = {f.name for f in dataclasses.fields(cls)} - set(values)
         assert not missing, f"give {cls.__name__} fields {sorted(missing)} a non-default value here"
