@@ -32,3 +32,18 @@ def test_algorithms_bench_with_the_sb3_peer(tmp_path):
                    cwd=ROOT, check=True, timeout=1200)
     rows = {r["name"]: r for r in json.loads((tmp_path / "algorithms.json").read_text())["rows"]}
     assert set(rows) == {"ppo", "sb3-ppo"} and rows["sb3-ppo"]["eval"]["mean"] > 0
+
+
+@pytest.mark.kafka
+def test_decoupled_staleness_bench_holds_the_actors_k_versions_behind(tmp_path, kafka_bootstrap):
+    import os
+
+    subprocess.run([sys.executable, "bench/staleness.py", "--decoupled", "--env", "HalfCheetah-v5", "--steps", "20480",
+                    "--algos", "agro", "--ks", "0", "3", "--seeds", "0", "--no-ablation", "--out", str(tmp_path)],
+                   cwd=ROOT, check=True, timeout=1200, env={**os.environ, "KAFKA_BROKERS": kafka_bootstrap})
+    doc = json.loads((tmp_path / "staleness.json").read_text())
+    assert doc["mode"] == "decoupled"
+    lag = {r["K"]: r for r in doc["runs"]}
+    assert all(r["samples_trained"] >= 20480 and r["drops"] == {} for r in lag.values())
+    # measured at the real stream processor: K behind the newest, plus at most the queue's own lag
+    assert 3 <= lag[3]["max_lag"] <= 5 and lag[3]["mean_lag"] > lag[0]["mean_lag"] + 1
