@@ -174,20 +174,18 @@ class AGRO(BaseAlgorithm):
             )
             log_ratio = self.policy.log_prob(batch.obs, batch.actions) - batch.behaviour_logp
             rho, c, _ = behaviour_weights(cfg, log_ratio)
-            vs, adv = vtrace(
-                rewards, values, batch.terminated, batch.truncated, last_value, final_values, rho, c, cfg.gamma, cfg.gae_lambda
+            # the spread to normalise by is that of the uncorrected advantages (rho = c = 1): truncated
+            # traces shrink A on stale data, and dividing by A's own std would undo that and grow
+            # the step as the data gets staler (the policy then runs away from its samples);
+            # without V-trace rho = c = 1 already. Both come from one scan.
+            vs, adv, *plain = vtrace(
+                rewards, values, batch.terminated, batch.truncated, last_value, final_values, rho, c, cfg.gamma, cfg.gae_lambda,
+                uncorrected=cfg.vtrace,
             )
+            scale = plain[0] if plain else adv
             metrics["explained_variance"] = explained_variance(values.reshape(-1), vs.reshape(-1))
             metrics["return_mean"] = float(vs.mean())
             metrics["rho_mean"] = float(masked_mean(rho, mask))
-            # the spread to normalise by is that of the uncorrected advantages: truncated traces
-            # shrink A on stale data, and dividing by A's own std would undo that and grow the
-            # step as the data gets staler (the policy then runs away from its samples)
-            scale = adv
-            if cfg.vtrace:  # without it rho = c = 1 already
-                ones = torch.ones_like(rho)
-                _, scale = vtrace(rewards, values, batch.terminated, batch.truncated, last_value, final_values,
-                                  ones, ones, cfg.gamma, cfg.gae_lambda)
             return adv, vs, values, scale, metrics
         zeros = torch.zeros_like(rewards)
         rtg, _ = compute_gae(rewards, zeros, batch.terminated, batch.truncated, zeros[0], None, cfg.gamma, 1.0)

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from agents.base import PolicyConfig
+from agents.scan import discounted_scan
 
 __all__ = ["VTraceConfig", "behaviour_weights", "importance_weights", "vtrace", "RHO_BAR", "C_BAR", "BEHAVIOUR_CAP", "MAX_LOG_RATIO"]
 
@@ -89,7 +90,8 @@ def vtrace(
     c: Tensor,
     gamma: float,
     lam: float = 1.0,
-) -> tuple[Tensor, Tensor]:
+    uncorrected: bool = False,
+) -> tuple[Tensor, ...]:
     """V-trace over a time-major ``[T, N]`` batch: ``(vs, advantages)``.
 
     Next-state values follow ``compute_gae`` (``last_value`` after the last step, 0 after a
@@ -102,6 +104,9 @@ def vtrace(
     ``vs`` are the value targets; ``A_t`` estimates ``Q(s_t, a_t) - V(s_t)`` for the *sampled*
     action (IMPALA's policy-gradient advantage is ``rho_t * A_t`` at ``lam = 1``: weight the
     sample by ``rho_t`` where the objective needs it). With ``rho = c = 1`` both equal GAE.
+
+    ``uncorrected=True`` returns ``(vs, advantages, advantages at rho = c = 1)``, the last from
+    the same scan (one pass for both).
     """
     terminated, truncated = terminated.bool(), truncated.bool()
     next_values = torch.cat([values[1:], last_value.reshape(1, -1).to(values)], dim=0)
@@ -112,11 +117,13 @@ def vtrace(
     next_values = torch.where(terminated, torch.zeros_like(values), next_values)
     deltas = rewards + gamma * next_values - values
     carry = gamma * lam * (~(terminated | truncated)).to(values.dtype)
-    corr = torch.empty_like(values)  # vs - V
-    adv = torch.empty_like(values)
-    nxt = torch.zeros_like(values[0])  # vs_{t+1} - V_{t+1}; 0 after the batch
-    for t in range(values.shape[0] - 1, -1, -1):
-        adv[t] = deltas[t] + carry[t] * nxt
-        nxt = rho[t] * deltas[t] + carry[t] * c[t] * nxt
-        corr[t] = nxt
+    if uncorrected:  # rho = c = 1 along a second column block: there vs - V is GAE's advantage
+        x = discounted_scan(torch.cat([rho * deltas, deltas], dim=1), torch.cat([carry * c, carry], dim=1))
+        corr, plain = x.split(values.shape[1], dim=1)
+    else:
+        corr = discounted_scan(rho * deltas, carry * c)  # vs - V
+    # A_t = delta_t + carry_t * (vs_{t+1} - V_{t+1}), with 0 after the batch
+    adv = torch.addcmul(deltas, carry, torch.cat([corr[1:], torch.zeros_like(corr[:1])], dim=0))
+    if uncorrected:
+        return values + corr, adv, plain
     return values + corr, adv

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from agents.base import masked_mean
+from agents.scan import discounted_scan
 
 __all__ = ["compute_gae", "clipped_surrogate", "policy_loss", "value_loss", "ratio_stats"]
 
@@ -45,11 +46,7 @@ def compute_gae(
     next_values = torch.where(terminated, torch.zeros_like(values), next_values)
     deltas = rewards + gamma * next_values - values
     carry = gamma * lam * (~(terminated | truncated)).to(values.dtype)
-    advantages = torch.empty_like(values)
-    last = torch.zeros_like(values[0])
-    for t in range(values.shape[0] - 1, -1, -1):
-        last = deltas[t] + carry[t] * last
-        advantages[t] = last
+    advantages = discounted_scan(deltas, carry)
     return advantages, advantages + values
 
 

@@ -31,9 +31,11 @@ def test_rollout_bench_reports_the_actor_beside_the_raw_env():
         assert r["actor_over_raw"] == pytest.approx(r["actor_sps"] / r["raw_env_sps"], rel=0.01)
 
 
-def test_update_bench_profiles_one_ppo_update():
+def test_update_bench_profiles_one_ppo_update_and_times_agro():
     doc = bench("bench/update.py", "--updates", "1", "--steps", "256", "--profile", "5")
     assert doc["batch"] == 256 and doc["update_cpu_s_median"] > 0 and len(doc["profile_top"]) == 5
+    doc = bench("bench/update.py", "--algo", "agro", "--updates", "1", "--steps", "256")
+    assert doc["bench"] == "agro_update" and doc["batch"] == 256 and doc["update_cpu_s_median"] > 0
 
 
 def test_peers_bench_runs_sb3_and_rlstream_and_says_why_cleanrl_is_missing():
