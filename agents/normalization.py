@@ -21,6 +21,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from agents.scan import discounted_scan
+
 __all__ = ["RunningMeanStd", "RewardScaler"]
 
 
@@ -101,8 +103,8 @@ class RewardScaler:
     ``G`` into a scalar ``RunningMeanStd`` and divides each reward by
     ``sqrt(var + eps)`` *as it was right after that step's update*. The
     per-step semantics are reproduced exactly but vectorised over the whole
-    ``[T, N]`` batch with prefix sums, so there is no Python loop over the
-    statistics (only the cheap O(T) return recursion).
+    ``[T, N]`` batch with prefix sums and the return recursion by a log-depth
+    scan (``agents.scan``), so there is no Python loop over the steps.
 
     Rewards are *not* centred (only divided), matching the wrapper.
 
@@ -133,11 +135,13 @@ class RewardScaler:
         not_term = 1.0 - terminated.to(torch.float64)
         g = torch.tensor([self._returns.get(i, 0.0) for i in ids], dtype=torch.float64, device=rewards.device)
         valid = torch.ones_like(r64) if mask is None else mask.to(torch.float64)
-        returns = torch.empty_like(r64)
-        for t in range(T):
-            g = torch.where(valid[t] > 0, g * self.gamma * not_term[t] + r64[t], g)
-            returns[t] = g
-        for i, v in zip(ids, g.tolist()):
+        # G_t = r_t + gamma * (1 - term_t) * G_{t-1} where valid, G_{t-1} where not: a forward
+        # linear recurrence from the kept G, solved by the backward scan on the reversed batch
+        # (the kept G enters as a step before the first, with nothing before it)
+        a = torch.cat([g.unsqueeze(0), r64 * valid])
+        b = torch.cat([torch.zeros_like(g).unsqueeze(0), torch.where(valid > 0, self.gamma * not_term, 1.0)])
+        returns = discounted_scan(a.flip(0), b.flip(0)).flip(0)[1:]
+        for i, v in zip(ids, returns[-1].tolist() if T else g.tolist()):
             self._returns[i] = v
 
         # Prefix statistics: the variance right after step t's update, for every t.

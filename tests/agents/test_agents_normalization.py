@@ -1,3 +1,4 @@
+import pytest
 import numpy as np
 import torch
 
@@ -85,3 +86,21 @@ def test_reward_scaler_continues_streams_by_id_and_round_trips():
     out_a = clone(torch.tensor([[1.0, 0.0]], dtype=torch.float64), term[:1], torch.tensor([9, 7]))
     assert clone._returns == scaler._returns
     assert torch.isfinite(out_a).all()
+
+
+@pytest.mark.parametrize("T", [1, 2, 7, 2048])
+def test_reward_scaler_returns_follow_the_masked_recursion(T):
+    """G_t = r_t + gamma (1 - term_t) G_{t-1} on valid steps, held on padding, continued from the
+    kept G of the previous batch."""
+    rng = np.random.default_rng(T)
+    N, gamma = 3, 0.97
+    scaler = RewardScaler(gamma=gamma, clip=None)
+    g = np.zeros(N)
+    for _ in range(2):
+        r = rng.normal(size=(T, N))
+        term = rng.random((T, N)) < 0.05
+        valid = rng.random((T, N)) < 0.8
+        for t in range(T):
+            g = np.where(valid[t], r[t] + gamma * (1 - term[t]) * g, g)
+        scaler(torch.as_tensor(r), torch.as_tensor(term), mask=torch.as_tensor(valid))
+        np.testing.assert_allclose([scaler._returns[i] for i in range(N)], g, rtol=1e-12, atol=1e-12)
