@@ -3,14 +3,17 @@
 Every PolicyVersion a learner publishes carries ``state_sha256`` (digest of its whole state:
 weights, optimiser, normalisers, the algorithm's RNG, step) and ``provenance`` (JSON: run id,
 algorithm and full config, spaces, determinism settings, and ``fork_of`` for a fork). Every
-GradientStep carries ``batch_digests``: the sha256 of each record it trained on. Pure: no I/O.
+GradientStep carries ``batch_digests``: the sha256 of each record it trained on. Pure: no I/O,
+apart from hashing the ``agents`` package's own sources once (``algorithm_code``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -53,9 +56,23 @@ def record_digest(value: bytes) -> str:
     return hashlib.sha256(bytes(value)).hexdigest()
 
 
+@functools.lru_cache(maxsize=1)
+def algorithm_code() -> str:
+    """Digest of the ``agents`` package's sources (the update's maths): a replay under other
+    algorithm code is not expected to be bit-exact, and ``verify`` names it as the cause."""
+    import agents
+
+    root = Path(agents.__file__).parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def determinism(device: str | torch.device) -> dict[str, Any]:
     """The settings a bit-exact replay must match (or report as the cause when it cannot)."""
     return {
+        "algorithm_code": algorithm_code(),
         "torch": torch.__version__,
         "device": str(device),
         "threads": torch.get_num_threads(),

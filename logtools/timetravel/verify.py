@@ -101,7 +101,7 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
 def environment_differences(recorded: dict[str, Any]) -> list[str]:
     """Determinism settings of the recording that this process does not share."""
     now = determinism(recorded.get("device", "cpu"))
-    return [f"{k}: recorded {recorded[k]!r}, now {now[k]!r}" for k in ("torch", "threads")
+    return [f"{k}: recorded {recorded[k]!r}, now {now[k]!r}" for k in ("algorithm_code", "torch", "threads")
             if k in recorded and recorded[k] != now[k]]
 
 

@@ -96,3 +96,30 @@ def test_verify_a_resumed_run_from_the_snapshot_it_restored(colocated_run, tmp_p
     assert run.run_id == "resumed" and run.versions[UPDATES + 1][1].parent_version == UPDATES
     report = verify(run, run_dir / "snapshots")
     assert report.ok and report.checked == [UPDATES + 1, UPDATES + 2], format_report(report)
+
+
+def test_verify_names_changed_algorithm_code_as_the_cause(colocated_run, monkeypatch):
+    """A replay under other algorithm code (here GAE summed step by step, as before the scan)
+    diverges, and the report names the code digest, not only 'identical inputs'."""
+    import torch
+
+    import agents.ppo.losses as losses
+    import learner.provenance as provenance
+    from logtools.timetravel.verify import KERNEL
+
+    def sequential(a, b):
+        out, x = torch.empty_like(a), torch.zeros_like(a[0])
+        for t in range(a.shape[0] - 1, -1, -1):
+            x = a[t] + b[t] * x
+            out[t] = x
+        return out
+
+    run_dir, _ = colocated_run
+    recorded = load(run_dir).provenance(0)["determinism"]["algorithm_code"]
+    assert recorded == provenance.algorithm_code()
+    monkeypatch.setattr(losses, "discounted_scan", sequential)
+    monkeypatch.setattr(provenance, "algorithm_code", lambda: "0123456789abcdef")
+    report = verify(load(run_dir), run_dir / "snapshots")
+    assert not report.ok
+    d = report.divergence
+    assert d.reason == KERNEL and f"algorithm_code: recorded {recorded!r}, now '0123456789abcdef'" in d.detail
