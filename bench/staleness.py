@@ -183,6 +183,7 @@ def plot(runs: list[dict], path: Path) -> None:
             if ys:
                 ax.plot(xs, np.mean(ys, 0), ls="-" if corr else "--", label=f"K={K} {'corr' if corr else 'no corr'}")
         ax.set_title(a)
+        ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1000:g}k")
         ax.set_xlabel("env steps")
         ax.set_ylabel("episode return")
         ax.legend(fontsize=7)
