@@ -63,6 +63,11 @@ class PolicyLoadError(InvalidEventError, ValueError):
     unknown or misfitting architecture). A CodecError: its record can be dead-lettered."""
 
 
+class BlobWriteError(RuntimeError):
+    """A claim-check write failed every try: the store is down. Not a CodecError (nothing is wrong
+    with a record), so it is never dead-lettered; the learner that publishes fails and restarts."""
+
+
 # -- architecture <-> module ----------------------------------------------------------------------
 
 def arch_of(policy: Policy) -> dict[str, Any]:
@@ -146,8 +151,10 @@ class FetchRetry:
     base_s: float = 0.1
     cap_s: float = 2.0
 
-    def call(self, fn: Callable[[], Any], what: str) -> Any:
-        """``fn()``, retried; PolicyLoadError naming ``what`` once every attempt failed."""
+    def call(self, fn: Callable[[], Any], what: str, error: type[Exception] | None = None) -> Any:
+        """``fn()``, retried; ``error`` (PolicyLoadError: a read) naming ``what`` once every
+        attempt failed."""
+        error = error or PolicyLoadError
         for attempt in range(self.attempts):
             try:
                 return fn()
@@ -155,9 +162,9 @@ class FetchRetry:
                 raise
             except Exception as e:  # the store is down, slow, or restarting
                 if attempt + 1 >= self.attempts:
-                    raise PolicyLoadError(f"{what} failed {self.attempts} times; last: {type(e).__name__}: {e}") from e
+                    raise error(f"{what} failed {self.attempts} times; last: {type(e).__name__}: {e}") from e
                 time.sleep(min(self.cap_s, self.base_s * 2 ** attempt))
-        raise PolicyLoadError(f"{what}: no attempt made (attempts={self.attempts})")
+        raise error(f"{what}: no attempt made (attempts={self.attempts})")
 
 
 #: The retry of blob-store calls unless told otherwise.
@@ -232,7 +239,8 @@ class RedisBlobStore:
         self._at = parse_url(self.url)
 
     def put(self, key: str, data: bytes) -> None:
-        self.retry.call(lambda: self._r.set(key, data), f"writing claim-check key {key} to {self.url}")
+        self.retry.call(lambda: self._r.set(key, data), f"writing claim-check key {key} to {self.url}",
+                        error=BlobWriteError)
 
     def get(self, key: str) -> bytearray:
         at = self._at

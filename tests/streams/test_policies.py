@@ -22,6 +22,7 @@ from streams.bus.memory import MemoryBus
 from streams.bus.namespaced import NamespacedBus
 from streams.events import EventBus
 from streams.policies import (
+    BlobWriteError,
     FetchRetry,
     PolicyFollower,
     PolicyLoadError,
@@ -374,3 +375,22 @@ def test_a_shared_adoption_replaces_the_modules_tensors_and_never_writes_them(bl
     loaded = load_policy(pv, blobs, into=old, shared=SharedWeights())
     assert loaded is old and same(loaded, new)
     assert torch.equal(held, before["net.actor_mean.0.weight"])
+
+
+def test_a_claim_check_write_to_a_store_that_is_down_is_a_write_error_not_a_bad_record():
+    """Publishing to an unreachable store fails after its retries with BlobWriteError, which is
+    no CodecError: nothing may dead-letter it as a bad record; a read of the same store is a
+    PolicyLoadError (the record's weights cannot load)."""
+    import socket
+
+    from schemas.errors import CodecError
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = RedisBlobStore(f"redis://127.0.0.1:{port}/0", timeout_s=1.0, retry=FetchRetry(attempts=2, base_s=0.01))
+    with pytest.raises(BlobWriteError, match="writing claim-check key k .* failed 2 times") as e:
+        store.put("k", b"x")
+    assert not isinstance(e.value, CodecError)
+    with pytest.raises(PolicyLoadError, match="reading k failed 2 times"):
+        store.retry.call(lambda: store.get("k"), "reading k")
