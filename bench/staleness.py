@@ -154,7 +154,8 @@ def run_decoupled_one(algo_name: str, env_id: str, K: int, correction: bool, ste
     return {"algo": algo_name, "K": K, "correction": correction, "seed": seed, "steps": procs["actor-0"]["steps"],
             "updates": learner.get("updates"), "samples_trained": learner.get("samples_trained"),
             "mean_lag": float(streams["lag_versions"]["mean"]), "max_lag": streams["lag_versions"]["max"],
-            "drops": streams.get("drops"), "episodes": len(rets),
+            "drops": streams.get("drops"), "restarts": summary.get("restarts"),
+            "consumer_rewinds": streams.get("consumer_rewinds"), "episodes": len(rets),
             "last20": float(np.mean(rets[-20:])) if rets else float("nan"), "wall_s": round(wall, 1),
             "curve": curve}
 

@@ -44,6 +44,9 @@ def test_decoupled_staleness_bench_holds_the_actors_k_versions_behind(tmp_path, 
     doc = json.loads((tmp_path / "staleness.json").read_text())
     assert doc["mode"] == "decoupled"
     lag = {r["K"]: r for r in doc["runs"]}
-    assert all(r["samples_trained"] >= 20480 and r["drops"] == {} for r in lag.values())
+    for r in lag.values():  # the window is wide: nothing dropped as stale (a duplicate is a record the
+        # Faust shell re-read after seeking back over offsets its consumer skipped: dropped by design)
+        lost = {k: v for k, v in r["drops"].items() if k != "duplicate"}
+        assert r["samples_trained"] >= 20480 and lost == {}, {k: v for k, v in r.items() if k != "curve"}
     # measured at the real stream processor: K behind the newest, plus at most the queue's own lag
     assert 3 <= lag[3]["max_lag"] <= 5 and lag[3]["mean_lag"] > lag[0]["mean_lag"] + 1
