@@ -27,6 +27,7 @@ Peers (installed with ``pip install -e .[bench]``; this script installs nothing)
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -113,11 +114,10 @@ def one(peer: str, env_id: str, steps: int, seed: int, cleanrl_python: str) -> d
     import torch
 
     torch.set_num_threads(1)
+    run = {"sb3": run_sb3, "cleanrl": functools.partial(run_cleanrl, python=cleanrl_python),
+           "rlstream": run_rlstream}[peer]
     try:
-        if peer == "cleanrl":
-            out = run_cleanrl(env_id, steps, seed, cleanrl_python)
-        else:
-            out = {"sb3": run_sb3, "rlstream": run_rlstream}[peer](env_id, steps, seed)
+        out = run(env_id, steps, seed)
     except ImportError as e:
         return {"unavailable": f"not installed: {e} (pip install -e .[bench])"}
     if "unavailable" in out:

@@ -131,10 +131,6 @@ def run_decoupled_one(algo_name: str, env_id: str, K: int, correction: bool, ste
     from rlstream.decoupled import run_decoupled
     from streams.processors.pipeline import PrepareConfig
 
-    class Quiet:
-        def __getattr__(self, name):
-            return lambda *a, **k: None
-
     algo_overrides = {k: v for k, v in overrides(algo_name, correction, steps, seed).items() if k != "seed"}
     with tempfile.TemporaryDirectory() as d:
         cfg = TrainConfig(mode="decoupled", algo=algo_name, env_id=env_id, total_steps=steps, seed=seed,
@@ -144,7 +140,7 @@ def run_decoupled_one(algo_name: str, env_id: str, K: int, correction: bool, ste
                           bus=BusConfig(kind="kafka", bootstrap=bootstrap,
                                         namespace=f"stale-{algo_name}-{K}-{int(correction)}-{seed}-{uuid.uuid4().hex[:6]}"))
         t0 = time.perf_counter()
-        summary = run_decoupled(cfg, log=Quiet())
+        summary = run_decoupled(cfg)  # no logger: its one progress line goes to stderr
         wall = time.perf_counter() - t0
         curve = json.loads((Path(d) / "actor-0" / "curve.json").read_text())
     procs = summary["processes"]

@@ -197,7 +197,8 @@ class TrainConfig:
                 object.__setattr__(self, name, getattr(d, name))
         if self.fragment_steps is None and d.fragment_steps is not None:
             object.__setattr__(self, "fragment_steps", d.fragment_steps)
-        if self.actor_lag_versions < 0:
+        if self.actor_lag_versions < 0:  # (decoupled-only is checked by run_colocated: the CLI
+            # builds this config before it sets ``mode``)
             raise ValueError(f"--actor-lag-versions must be >= 0, got {self.actor_lag_versions}")
 
     def prepare_config(self) -> PrepareConfig:

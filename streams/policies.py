@@ -151,10 +151,9 @@ class FetchRetry:
     base_s: float = 0.1
     cap_s: float = 2.0
 
-    def call(self, fn: Callable[[], Any], what: str, error: type[Exception] | None = None) -> Any:
+    def call(self, fn: Callable[[], Any], what: str, error: type[Exception] = PolicyLoadError) -> Any:
         """``fn()``, retried; ``error`` (PolicyLoadError: a read) naming ``what`` once every
         attempt failed."""
-        error = error or PolicyLoadError
         for attempt in range(self.attempts):
             try:
                 return fn()
