@@ -5,8 +5,12 @@ Kafka consumer, the same class the actors use) run as threads spread over ``--pr
 sharing each process's decoded versions as actors do. The learner side publishes ``--versions``
 new versions of a policy of about ``--params`` parameters, each once every subscriber has adopted
 the previous one. With Redis (``REDIS_URL``), weights over ``--claim-check-above`` go by claim
-check. Prints one JSON document per size: p50/p99/max of publish-to-adoption latency, of
-publish-to-delivery (the Kafka part) and of the CPU of one adoption; broker bytes per version
+check; with a host cache (``streams.blobcache``) the subscribers' processes share one verified
+copy of each blob, fetched once per host (``another-host``: the learner runs elsewhere) or left
+there by the learner (``learner-host``). Prints one
+JSON document, a row per size and cache mode: p50/p99/max of publish-to-adoption latency, of
+publish-to-delivery (the Kafka part), of the CPU of one adoption and of the learner's work before
+the record goes out (encode, sha256, blob write); broker bytes per version
 (the record), blob bytes per version and how often they were fetched; and, in one process, the
 parts of one adoption (Redis fetch, sha256 + decode, load by reference and by copy).
 
@@ -24,6 +28,8 @@ import multiprocessing as mp
 import os
 import platform
 import queue
+import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -39,10 +45,10 @@ from streams.policies import (
     DEFAULT_CLAIM_CHECK_ABOVE,
     DEFAULT_INLINE_LIMIT,
     PROCESS_WEIGHTS,
-    RedisBlobStore,
     decode_version,
     load_state,
     make_policy_version,
+    open_blob_store,
     publish_policy_version,
 )
 
@@ -87,10 +93,10 @@ def _subscriber_thread(bus, blob, module: Policy, stage: str, out: mp.Queue, sto
 
 
 def _worker(proc: int, threads: int, params: int, bootstrap: str, namespace: str, redis_url: str | None,
-            out: mp.Queue, stop) -> None:
+            cache_dir: str | None, out: mp.Queue, stop) -> None:
     torch.set_num_threads(1)
     bus = build_bus(BusConfig(kind="kafka", bootstrap=bootstrap, namespace=namespace))
-    blob = RedisBlobStore(redis_url) if redis_url else None
+    blob = open_blob_store(redis_url, cache_dir)
     module = policy_of_size(params)  # built once per process (orthogonal init is costly), copied per actor
     ts = [threading.Thread(target=_subscriber_thread, args=(bus, blob, copy.deepcopy(module), f"ws-{proc}-{i}", out, stop),
                            daemon=True) for i in range(threads)]
@@ -98,7 +104,9 @@ def _worker(proc: int, threads: int, params: int, bootstrap: str, namespace: str
         t.start()
     for t in ts:
         t.join()
-    out.put(("shared", f"proc-{proc}", -1, (PROCESS_WEIGHTS.fills, PROCESS_WEIGHTS.hits, PROCESS_WEIGHTS.failures)))
+    cache = getattr(blob, "cache", None)
+    out.put(("shared", f"proc-{proc}", -1, (PROCESS_WEIGHTS.fills, PROCESS_WEIGHTS.hits, PROCESS_WEIGHTS.failures,
+                                            cache.fills if cache else 0, cache.hits if cache else 0)))
     bus.close()
 
 
@@ -144,19 +152,26 @@ def _one_adoption(pv, blob, params: int) -> dict:
             "load_by_reference_ms": ms(t3, t4), "load_by_copy_ms": ms(t4, t5)}
 
 
-def run_size(params: int, args, redis_url: str | None) -> dict:
+def run_size(params: int, args, redis_url: str | None, host_cache: str) -> dict:
     policy = policy_of_size(params)
     n_params = sum(p.numel() for p in policy.parameters())
     namespace = f"weightsync-{uuid.uuid4().hex[:8]}"
     bus = build_bus(BusConfig(kind="kafka", bootstrap=args.bootstrap, namespace=namespace))
     events = build_events(bus, None)
-    blob = RedisBlobStore(redis_url) if redis_url else None
+    cache_dir = tempfile.mkdtemp(prefix="weightsync-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None) \
+        if host_cache != "off" else None  # the subscribers' host: starts empty
+    # the learner's store: on the subscribers' host it leaves each blob in their cache
+    blob = open_blob_store(redis_url, cache_dir if host_cache == "learner-host" else None)
 
     blob_keys: list[str] = []
 
+    prepare: list[float] = []
+
     def publish(version: int) -> tuple[int, int]:
+        t0 = time.perf_counter()
         pv = make_policy_version(policy, policy_id=POLICY_ID, version=version, parent_version=version - 1 if version else None,
                                  learner_id="bench", algo="ppo", blob_store=blob, claim_check_above=args.claim_check_above)
+        prepare.append(time.perf_counter() - t0)  # the learner's side, before the record goes out
         publish_policy_version(events, pv)
         if pv.weights_ref is not None:
             blob_keys.append(pv.weights_ref.key)
@@ -166,7 +181,8 @@ def run_size(params: int, args, redis_url: str | None) -> dict:
     ctx = mp.get_context("spawn")
     out, stop = ctx.Queue(), ctx.Event()
     per = [args.actors // args.procs + (1 if i < args.actors % args.procs else 0) for i in range(args.procs)]
-    procs = [ctx.Process(target=_worker, args=(i, n, params, args.bootstrap, namespace, redis_url, out, stop), daemon=True)
+    procs = [ctx.Process(target=_worker, args=(i, n, params, args.bootstrap, namespace, redis_url, cache_dir, out, stop),
+                         daemon=True)
              for i, n in enumerate(per) if n]
     for p in procs:
         p.start()
@@ -212,17 +228,23 @@ def run_size(params: int, args, redis_url: str | None) -> dict:
 
         redis.Redis.from_url(redis_url).delete(*blob_keys)
     bus.close()
-    fills = sum(f for f, _, _ in shared)
+    if cache_dir:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+    fills = sum(s[0] for s in shared)  # per process: fetched and decoded once
+    store_reads = sum(s[3] for s in shared) if host_cache != "off" else fills
     return {
         "params": n_params, "weights_bytes": n_params * 4, "claim_check": blob_bytes > 0,
+        "host_cache": host_cache,
         "actors": args.actors, "procs": args.procs, "versions": args.versions, "adoptions": len(lat),
         "missing": missing,
         "latency_ms": _pcts(lat),
         "delivery_ms": _pcts(delivery),
+        "publish_prepare_ms": _pcts(prepare[1:]),
         "adoption_cpu_ms": _pcts(cpu),
         "broker_bytes_per_version": record_bytes,
         "blob_bytes_per_version": blob_bytes,
-        "blob_fetches_per_version": round(fills / (args.versions + 1), 2) if shared else None,
+        "blob_decodes_per_version": round(fills / (args.versions + 1), 2) if shared else None,
+        "blob_store_reads_per_version": round(store_reads / (args.versions + 1), 2) if shared else None,
         "one_adoption": parts,
         "subscriber_errors": errors,
     }
@@ -236,6 +258,10 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=4, help="processes the subscriber threads are spread over")
     ap.add_argument("--params", type=int, nargs="+", default=[1_000_000, 10_000_000])
     ap.add_argument("--versions", type=int, default=10)
+    ap.add_argument("--host-cache", nargs="+", choices=["learner-host", "another-host", "off"],
+                    default=["learner-host", "another-host", "off"],
+                    help="subscribers share one verified copy of each blob per host, on the learner's host (it "
+                         "leaves each blob there) or on another; off: each process fetches its own")
     ap.add_argument("--claim-check-above", type=int, default=DEFAULT_CLAIM_CHECK_ABOVE,
                     help="with Redis, weights over this many bytes go by claim check")
     args = ap.parse_args()
@@ -246,7 +272,8 @@ def main() -> None:
     for params in args.params:
         if params * 4 > DEFAULT_INLINE_LIMIT and not args.redis:
             raise SystemExit(f"{params} parameters exceed the inline limit: set REDIS_URL (or --redis) for the claim check")
-        rows.append(run_size(params, args, args.redis))
+        for mode in args.host_cache if args.redis else ["off"]:
+            rows.append(run_size(params, args, args.redis, mode))
     print(json.dumps({
         "bench": "weightsync", "target_p99_ms_max": 100.0, "inline_limit_bytes": DEFAULT_INLINE_LIMIT,
         "claim_check_above_bytes": args.claim_check_above,

@@ -16,6 +16,7 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 import tyro
 
 from agents.defaults import algo_defaults
+from streams.blobcache import default_cache_dir
 from streams.policies import DEFAULT_CLAIM_CHECK_ABOVE
 from streams.processors.pipeline import PrepareConfig
 from streams.runconfig import read_run_config, write_run_config
@@ -139,7 +140,11 @@ class TrainConfig:
     """Redis for claim-check weights (None: inline only)."""
     claim_check_above: int = DEFAULT_CLAIM_CHECK_ABOVE
     """With Redis: weights over this many bytes go by claim check (a tiny record fans out to
-    the actors; each process fetches the blob once)."""
+    the actors; each host fetches the blob once)."""
+    blob_cache: str | None = None
+    """Directory of the host's one verified copy of each claim-checked blob, shared by its
+    processes (streams/blobcache.py); ``off``: each process fetches its own; None:
+    ``RLSTREAM_BLOB_CACHE``, else /dev/shm/rlstream-blobs-<uid>."""
     breaker_open_above: float = 256.0
     """Circuit breaker: pause training when the stream processors' backlog on rl.samples.raw
     (records) passes this; the learner would otherwise keep versioning ahead of stale data."""
@@ -238,6 +243,12 @@ class TrainConfig:
     def redis(self) -> str | None:
         return self.redis_url or os.environ.get(ENV_REDIS_URL)
 
+    def blob_cache_dir(self) -> str | None:
+        """The host blob cache directory (None: off)."""
+        if self.blob_cache is None:
+            return default_cache_dir()
+        return None if self.blob_cache.strip().lower() in ("off", "none", "0") else self.blob_cache
+
     def to_dict(self) -> dict[str, Any]:
         """Every field as JSON values (``from_dict`` inverts it)."""
         return json.loads(json.dumps(dataclasses.asdict(self), default=str))
@@ -258,9 +269,10 @@ class TrainConfig:
 
     def resolved(self) -> "TrainConfig":
         """This config with what the environment or chance would decide filled in (run id, snapshot
-        store, redis, the stream-processor settings), so every process that reads it agrees."""
+        store, redis, the blob cache, the stream-processor settings), so every process that reads it agrees."""
         return replace(self, run_id=self.effective_run_id(), snapshot_store=self.snapshot_url(),
-                       redis_url=self.redis(), streams=self.prepare_config())
+                       redis_url=self.redis(), blob_cache=self.blob_cache_dir() or "off",
+                       streams=self.prepare_config())
 
 
 def _check_fields(cls: type, d: dict[str, Any]) -> None:

@@ -21,10 +21,19 @@ from rlstream import wiring
 from rlstream.config import TrainConfig, write_config
 from runtime.logging import bind_policy_version
 from runtime.metrics import Metrics
-from runtime.tensorboard import TensorBoardRun
-from runtime.ports import ENV_CONFIG, ENV_KAFKA_BROKERS, ENV_METRICS_PORT, ENV_NAMESPACE, ENV_PROCESS, ENV_RUN_DIR
+from runtime.ports import (
+    ENV_BLOB_CACHE,
+    ENV_CONFIG,
+    ENV_KAFKA_BROKERS,
+    ENV_METRICS_PORT,
+    ENV_NAMESPACE,
+    ENV_PROCESS,
+    ENV_REDIS_URL,
+    ENV_RUN_DIR,
+)
 from runtime.progress import Progress, read_state
 from runtime.roles import Slot, clear_summaries, drive, read_summaries, write_summary
+from runtime.tensorboard import TensorBoardRun
 from streams.runconfig import CONFIG_FILE
 from streams.topics import LEARNER_GROUP, SAMPLES_PREPARED, SAMPLES_RAW, STREAMS_GROUP
 
@@ -238,11 +247,14 @@ def child_commands(cfg: TrainConfig, config_path: Path) -> dict[str, list[str]]:
 
 
 def child_env(cfg: TrainConfig, config_path: Path) -> dict[str, str]:
-    """The environment of the children: this one's, with the run's config file and bus."""
+    """The environment of the children: this one's, with the run's config file, bus and
+    claim-check store."""
     env = dict(os.environ)
     env.pop(ENV_METRICS_PORT, None)
     env.update({ENV_CONFIG: str(config_path), ENV_KAFKA_BROKERS: cfg.bus.bootstrap, ENV_NAMESPACE: cfg.bus.namespace,
-                ENV_RUN_DIR: str(cfg.run_dir)})
+                ENV_RUN_DIR: str(cfg.run_dir), ENV_BLOB_CACHE: cfg.blob_cache_dir() or "off"})
+    if cfg.redis():  # the Faust worker takes its claim-check store from the environment
+        env[ENV_REDIS_URL] = cfg.redis()
     return env
 
 

@@ -14,7 +14,7 @@ from actor.policy_client import PolicySubscriber
 from learner.learner import Learner, LearnerConfig
 from rlstream.config import BusConfig, TrainConfig
 from runtime.metrics import Metrics
-from streams.policies import RedisBlobStore
+from streams.policies import open_blob_store
 from schemas.codec import Codec, SchemaTopic
 from schemas.events import SampleBatch
 from streams.bus import Bus, make_bus
@@ -153,7 +153,7 @@ def build_actor(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, ind
         if on_batch is not None:
             on_batch(batch, seconds)
 
-    blob = RedisBlobStore(cfg.redis()) if cfg.redis() else None
+    blob = open_blob_store(cfg.redis(), cfg.blob_cache_dir())
     sub = PolicySubscriber(events, policy_id=cfg.policy_id, stage=actor_id, on_latency=on_latency,
                            blob_store=blob, lag=cfg.actor_lag_versions)
     g = group_size(cfg)
@@ -174,7 +174,7 @@ def build_prepare_worker(cfg: TrainConfig, events: EventBus, metrics: Metrics | 
     from streams.processors.pipeline import Prepare
     from streams.worker import PrepareWorker
 
-    blob = RedisBlobStore(cfg.redis()) if cfg.redis() else None  # claim-checked weights get IS too
+    blob = open_blob_store(cfg.redis(), cfg.blob_cache_dir())  # claim-checked weights get IS too
     prepare = Prepare.from_config(cfg.prepare_config(), PolicyLogpFn.factory(blob), metrics=metrics)
     return PrepareWorker(events, prepare, metrics=metrics)
 
@@ -193,7 +193,7 @@ def build_learner(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, a
         if on_update is not None:
             on_update(learner, m, seconds)
 
-    blob = RedisBlobStore(cfg.redis()) if cfg.redis() else None
+    blob = open_blob_store(cfg.redis(), cfg.blob_cache_dir())
     lcfg = LearnerConfig(algo=cfg.algo, train_batch_size=cfg.train_batch_size, snapshot_every=cfg.snapshot_every,
                          total_samples=cfg.total_steps,
                          env_id=cfg.env_id, policy_id=cfg.policy_id, run_id=cfg.effective_run_id(),

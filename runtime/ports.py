@@ -37,6 +37,9 @@ ENV_METRICS_PORT = "RLSTREAM_METRICS_PORT"
 ENV_KAFKA_BROKERS = "KAFKA_BROKERS"
 #: Redis URL (``redis://host:6379/0``) for claim-check weights and snapshots.
 ENV_REDIS_URL = "REDIS_URL"
+#: Directory of the host's one verified copy of each claim-checked blob (``streams.blobcache``),
+#: or ``off``; unset: ``/dev/shm/rlstream-blobs-<uid>``.
+ENV_BLOB_CACHE = "RLSTREAM_BLOB_CACHE"
 #: Bus backend: ``memory`` (co-located default) or ``kafka``.
 ENV_BUS = "RLSTREAM_BUS"
 #: Snapshot store URL or path (``file:///data/snapshots``, ``redis://redis:6379/0``);
@@ -77,6 +80,7 @@ ENV_VARS: tuple[str, ...] = (
     ENV_METRICS_PORT,
     ENV_KAFKA_BROKERS,
     ENV_REDIS_URL,
+    ENV_BLOB_CACHE,
     ENV_BUS,
     ENV_SNAPSHOT_STORE,
     ENV_RUN_ID,

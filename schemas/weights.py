@@ -2,8 +2,8 @@
 
 Never pickle: ``safetensors`` parses a JSON header and raw buffers only, so a hostile payload
 cannot run code. Architecture facts the receiver needs to rebuild the module (obs_dim, act_dim,
-hidden sizes) travel in the metadata. A ``bytearray`` payload (a buffer the reader owns, such as
-a claim-check fetch) decodes in place: its tensors are views of it, not copies.
+hidden sizes) travel in the metadata. A writable payload (a buffer the reader owns, such as a
+claim-check fetch) decodes in place: its tensors are views of it, not copies.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ _DTYPES = {"F32": torch.float32, "F64": torch.float64, "F16": torch.float16, "BF
            "BOOL": torch.bool}
 
 
-def _views(data: bytearray, header: dict, start: int) -> dict[str, torch.Tensor] | None:
+def _views(data: memoryview, header: dict, start: int) -> dict[str, torch.Tensor] | None:
     """The tensors of ``header`` as views of ``data`` (body at ``start``), checked as safetensors
     checks them (known dtype, sizes, offsets tiling the body); None where a tensor would be
     misaligned or its dtype is unknown here (the copying loader then decides)."""
@@ -59,24 +59,29 @@ def _views(data: bytearray, header: dict, start: int) -> dict[str, torch.Tensor]
     return out
 
 
-def decode_weights(data: bytes | bytearray) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def decode_weights(data: bytes | bytearray | memoryview | Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(state_dict, arch). Raises InvalidEventError on anything that is not safetensors. The
-    tensors of a ``bytearray`` are views of it (zero copy): it must not change afterwards."""
-    if not isinstance(data, (bytes, bytearray)) or len(data) < 8:
+    tensors of a writable buffer (a ``bytearray``, a uint8 array) are views of it (zero copy):
+    it must not change afterwards; ``bytes`` are copied."""
+    try:
+        view = memoryview(data).cast("B")
+    except TypeError:
+        raise InvalidEventError("weights payload is not safetensors bytes") from None
+    if len(view) < 8:
         raise InvalidEventError("weights payload is not safetensors bytes")
     try:
-        header_len = int.from_bytes(data[:8], "little")
-        if header_len <= 0 or 8 + header_len > len(data):
+        header_len = int.from_bytes(view[:8], "little")
+        if header_len <= 0 or 8 + header_len > len(view):
             raise InvalidEventError("weights payload has a bad safetensors header length")
-        header = json.loads(bytes(data[8:8 + header_len]))
+        header = json.loads(bytes(view[8:8 + header_len]))
         meta = header.get("__metadata__", {}) if isinstance(header, dict) else None
         if not isinstance(meta, dict):
             raise InvalidEventError("weights payload has a safetensors header that is not an object")
         arch = json.loads(meta.get(ARCH_KEY, "{}"))
         if not isinstance(arch, dict):
             raise InvalidEventError(f"weights architecture metadata is not an object: {arch!r}"[:200])
-        views = _views(data, header, 8 + header_len) if isinstance(data, bytearray) else None
-        tensors = views if views is not None else st_load(bytes(data))
+        views = None if view.readonly else _views(view, header, 8 + header_len)
+        tensors = views if views is not None else st_load(bytes(view))
     except InvalidEventError:
         raise
     except (SafetensorError, ValueError, UnicodeDecodeError, TypeError, KeyError, RuntimeError) as e:
@@ -84,5 +89,5 @@ def decode_weights(data: bytes | bytearray) -> tuple[dict[str, torch.Tensor], di
     return tensors, arch
 
 
-def sha256(data: bytes) -> str:
+def sha256(data: bytes | bytearray | memoryview | Any) -> str:
     return hashlib.sha256(data).hexdigest()

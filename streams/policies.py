@@ -20,16 +20,19 @@ reader (actor, stream processors, inference server, subscriber, rollback) a clie
 The architecture travels in the safetensors metadata, so any process rebuilds the exact module
 from the event alone. Weights go by claim check (Redis, or any ``BlobStore``) with a sha256 the
 loader verifies when they are over ``claim_check_above`` and a store is configured (a tiny record
-fans out to every reader; each process fetches the blob once), and must when they are over the
+fans out to every reader; each host fetches the blob once), and must when they are over the
 inline limit. A fetch that fails is retried with backoff (``FetchRetry``). Inference-only readers
 (actors) share one fetch and decode per version and process (``SharedWeights``) and adopt by
-reference, not by copy. This module sits below every role: it imports ``schemas``,
-``streams.bus``/``streams.topics``/``streams.events`` and ``agents`` only.
+reference, not by copy; behind ``open_blob_store`` each host fetches a blob once
+(``streams.blobcache``). This module sits below every role: it imports ``schemas``,
+``streams.bus``/``streams.topics``/``streams.events``/``streams.blobcache`` and ``agents`` only.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
+import mmap
 import os
 import socket
 import threading
@@ -46,9 +49,18 @@ from agents.networks import Policy
 from schemas.errors import CodecError, InvalidEventError
 from schemas.events import ClaimCheck, PolicyVersion, now_ms
 from schemas.weights import decode_weights, encode_weights, sha256
+from streams.blobcache import (
+    BlobCacheError,
+    CacheWriteError,
+    HostBlobCache,
+    default_cache_dir,
+    new_buffer,
+)
 from streams.bus.base import Consumer, Record
 from streams.events import EventBus
 from streams.topics import POLICY_VERSIONS, PUBLISHED_NS_HEADER
+
+log = logging.getLogger(__name__)
 
 # Weights above this size must go to the blob store (the event carries a claim check).
 DEFAULT_INLINE_LIMIT = 4 * 1024 * 1024
@@ -196,24 +208,51 @@ class _RespReader:
             raise ConnectionError(f"redis: {line[1:].decode(errors='replace')}")
         return line
 
-    def bulk(self) -> bytearray | None:
+    #: Bytes per part when a bulk string is streamed.
+    CHUNK = 1 << 20
+
+    def bulk(self) -> np.ndarray | None:
+        """The bulk string (None: nil), received straight into one new buffer."""
+        n = self._bulk_len()
+        if n < 0:
+            return None
+        out = new_buffer(n + 2)  # the value and its CRLF
+        view = memoryview(out)
+        got = min(len(self.buf), n + 2)
+        view[:got] = self.buf[:got]
+        while got < n + 2:
+            got += self._recv_into(view[got:])
+        return out[:n]
+
+    def stream(self, on_chunk: Callable[[memoryview], None]) -> int:
+        """Hand the bulk string to ``on_chunk`` in parts of at most ``CHUNK`` bytes, in order,
+        through one reused buffer; its length (-1: nil)."""
+        n = self._bulk_len()
+        if n < 0:
+            return n
+        scratch = memoryview(bytearray(self.CHUNK))
+        head = min(len(self.buf), n)  # what came with the reply's first line
+        with memoryview(self.buf) as buf:
+            for i in range(0, head, self.CHUNK):
+                on_chunk(buf[i:min(i + self.CHUNK, head)])
+        got, self.buf = head, self.buf[head:]
+        while got < n:
+            r = self._recv_into(scratch[:min(self.CHUNK, n - got)])
+            on_chunk(scratch[:r])
+            got += r
+        return n  # its CRLF is left unread: the connection serves one read
+
+    def _bulk_len(self) -> int:
         head = self.line()
         if head[:1] != b"$":
             raise ConnectionError(f"redis: unexpected reply {head[:40]!r}")
-        n = int(head[1:])
-        if n < 0:
-            return None
-        out = bytearray(n + 2)
-        got = min(len(self.buf), n + 2)
-        out[:got] = self.buf[:got]
-        with memoryview(out) as view:
-            while got < n + 2:
-                r = self.sock.recv_into(view[got:])
-                if not r:
-                    raise ConnectionError("redis closed the connection")
-                got += r
-        del out[n:]
-        return out
+        return int(head[1:])
+
+    def _recv_into(self, view: memoryview) -> int:
+        r = self.sock.recv_into(view)
+        if not r:
+            raise ConnectionError("redis closed the connection")
+        return r
 
 
 @dataclass
@@ -241,14 +280,23 @@ class RedisBlobStore:
         self.retry.call(lambda: self._r.set(key, data), f"writing claim-check key {key} to {self.url}",
                         error=BlobWriteError)
 
-    def get(self, key: str) -> bytearray:
+    def get(self, key: str) -> np.ndarray | bytearray:
+        """The value of ``key``, a writable buffer (decoded in place)."""
         at = self._at
-        data = self._r.get(key) if "connection_class" in at else self._read(key, at)  # TLS, unix: redis-py
+        data = self._r.get(key) if "connection_class" in at else self._read(key, at, lambda r: r.bulk())
         if data is None:
             raise PolicyLoadError(f"claim-check key {key} not found in {self.url}")
-        return data if isinstance(data, bytearray) else bytearray(data)
+        return data if isinstance(data, (bytearray, np.ndarray)) else bytearray(data)
 
-    def _read(self, key: str, at: dict) -> bytearray | None:
+    def stream(self, key: str, on_chunk: Callable[[memoryview], None]) -> None:
+        """Hand the value of ``key`` to ``on_chunk`` in parts as it arrives (whole over redis-py:
+        TLS, unix sockets)."""
+        if "connection_class" in self._at:
+            on_chunk(memoryview(self.get(key)))
+        elif self._read(key, self._at, lambda r: r.stream(on_chunk)) < 0:
+            raise PolicyLoadError(f"claim-check key {key} not found in {self.url}")
+
+    def _read(self, key: str, at: dict, take: Callable[[_RespReader], Any]) -> Any:
         pre = []
         if at.get("password"):
             pre.append(("AUTH", *([at["username"]] if at.get("username") else []), at["password"]))
@@ -259,14 +307,63 @@ class RedisBlobStore:
             reader = _RespReader(s)
             for _ in pre:
                 reader.line()
-            return reader.bulk()
+            return take(reader)
 
 
-def blob_store_from_env(env: Any = None) -> RedisBlobStore | None:
-    """The Redis claim-check store ``REDIS_URL`` names (None when unset): for processes, such as
-    the Faust worker, that get their settings from the environment."""
-    url = (os.environ if env is None else env).get(ENV_REDIS_URL, "").strip()
-    return RedisBlobStore(url) if url else None
+@dataclass
+class HostCachedStore:
+    """``store`` with one verified copy of each blob per host (``streams.blobcache``): a reader
+    fetches a claim check from the store only when no process on its host has yet, and a
+    publisher leaves a copy of what it writes there."""
+
+    store: RedisBlobStore
+    cache: HostBlobCache
+
+    @property
+    def url(self) -> str:
+        return self.store.url
+
+    def put(self, key: str, data: bytes) -> None:
+        self.store.put(key, data)
+
+    def get(self, key: str) -> np.ndarray | bytearray:
+        return self.store.get(key)
+
+    def fetch_verified(self, ref: ClaimCheck) -> mmap.mmap | np.ndarray | bytearray:
+        """The bytes of ``ref``, checked against its size and sha256 (PolicyLoadError if not): the
+        host's copy, mapped; fetched alone where the cache cannot take it."""
+        try:
+            return self.cache.get(ref.sha256, ref.size, lambda on_chunk: self.store.stream(ref.key, on_chunk))
+        except BlobCacheError as e:
+            raise PolicyLoadError(f"claim-checked weights {ref.key}: {e}") from e
+        except CacheWriteError:
+            data = self.store.get(ref.key)
+            if len(data) != ref.size or sha256(data) != ref.sha256:
+                raise PolicyLoadError(f"claim-checked weights {ref.key} fail their size or sha256") from None
+            return data
+
+
+def open_blob_store(url: str | None, cache_dir: str | None = None) -> RedisBlobStore | HostCachedStore | None:
+    """The claim-check store at ``url`` (None: none), behind the host cache at ``cache_dir``
+    (None: no host cache; see ``streams.blobcache.default_cache_dir``)."""
+    if not url:
+        return None
+    store = RedisBlobStore(url)
+    if not cache_dir:
+        return store
+    try:
+        return HostCachedStore(store, HostBlobCache(cache_dir))
+    except OSError as e:  # not creatable, not ours: every process fetches for itself
+        log.warning("no host blob cache at %s (%s): each process fetches claim-checked weights itself", cache_dir, e)
+        return store
+
+
+def blob_store_from_env(env: Any = None) -> RedisBlobStore | HostCachedStore | None:
+    """The Redis claim-check store ``REDIS_URL`` names (None when unset) behind the host cache
+    ``RLSTREAM_BLOB_CACHE`` names: for processes, such as the Faust worker, that get their
+    settings from the environment."""
+    env = os.environ if env is None else env
+    return open_blob_store(env.get(ENV_REDIS_URL, "").strip(), default_cache_dir(env))
 
 
 # -- publishing ----------------------------------------------------------------------------------
@@ -288,6 +385,8 @@ def make_policy_version(
         digest = sha256(data)
         key = f"rlstream:weights:{policy_id}:{version}:{digest[:16]}"  # a republished version never clobbers
         blob_store.put(key, data)
+        if isinstance(blob_store, HostCachedStore):  # readers on this host need not fetch it
+            blob_store.cache.put(digest, data)
         weights, ref = None, ClaimCheck(store=blob_store.url, key=key, sha256=digest, size=len(data))
     return PolicyVersion(
         policy_id=policy_id, version=version, created_at_ms=now_ms(), learner_id=learner_id, algo=algo,
@@ -318,8 +417,10 @@ def weights_bytes(pv: PolicyVersion, blobs: Blobs = None,
     if blobs is None:
         raise PolicyLoadError(f"policy version {pv.version} is a claim check ({ref.store}:{ref.key}) "
                               "but no blob store is configured")
-    data = retry.call(lambda: blobs(ref) if callable(blobs) else blobs.get(ref.key),
-                      f"fetching the claim-checked weights of version {pv.version}")
+    what = f"fetching the claim-checked weights of version {pv.version}"
+    if isinstance(blobs, HostCachedStore):  # checked as they stream into the host's cache
+        return retry.call(lambda: blobs.fetch_verified(ref), what)
+    data = retry.call(lambda: blobs(ref) if callable(blobs) else blobs.get(ref.key), what)
     if sha256(data) != ref.sha256:
         raise PolicyLoadError(f"claim-checked weights of version {pv.version} fail their sha256")
     return data

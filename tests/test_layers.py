@@ -26,7 +26,7 @@ MAY_IMPORT = {
 
 #: the policy layer: below every role, above the bus
 POLICY_LAYER = "streams.policies"
-POLICY_LAYER_MAY_IMPORT = ("schemas", "agents", "streams.bus", "streams.topics", "streams.events")
+POLICY_LAYER_MAY_IMPORT = ("schemas", "agents", "streams.bus", "streams.topics", "streams.events", "streams.blobcache")
 
 #: upward imports still known (module -> imported prefix), each to be removed by its owner;
 #: docs/architecture.md names them. Nothing else may point upward.

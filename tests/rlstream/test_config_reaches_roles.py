@@ -20,7 +20,8 @@ import pytest
 
 from rlstream.cli import build_parser, train_config
 from rlstream.config import ENTRY_POINT_FIELDS, BusConfig, TrainConfig, read_config, write_config
-from rlstream.decoupled import ChildExited, child_config, run_decoupled
+from rlstream.decoupled import ChildExited, child_config, child_env, run_decoupled
+from streams.blobcache import default_cache_dir
 from streams.processors.pipeline import PrepareConfig
 from streams.runconfig import CONFIG_FILE, read_run_config
 from streams.topics import SAMPLES_RAW, Retention
@@ -47,7 +48,8 @@ def every_field_set(tmp_path: Path, bootstrap: str) -> TrainConfig:
                  breaker_close_below=10.0, streams=PrepareConfig(**PREPARE), policy_id=POLICY,
                  max_batches_per_version=3, policy_wait_s=7.0, max_backlog=9, fixed_fragments=True,
                  actor_steps=1000, max_steps_ahead=5000, torch_threads=2, learners=2, grad_compression="bf16",
-                 stream_workers=2, max_restarts=1, claim_check_above=2 << 20, actor_lag_versions=3, bus=BusConfig(**bus))
+                 stream_workers=2, max_restarts=1, claim_check_above=2 << 20, actor_lag_versions=3,
+                 blob_cache=str(tmp_path / "blobs"), bus=BusConfig(**bus))
     for cls, values in ((TrainConfig, train), (BusConfig, bus), (PrepareConfig, PREPARE)):
         missing = {f.name for f in dataclasses.fields(cls)} - set(values)
         assert not missing, f"give {cls.__name__} fields {sorted(missing)} a non-default value here"
@@ -99,6 +101,14 @@ def test_every_field_reaches_the_learner_the_actors_and_the_faust_worker(tmp_pat
     assert (streams["brokers"], streams["namespace"]["name"]) == (cfg.bus.bootstrap, cfg.bus.namespace)
     assert (streams["topic_partitions"], streams["torch_threads"]) == (cfg.bus.partitions, cfg.torch_threads)
     assert streams["app_id"].startswith(cfg.bus.namespace)
+
+
+def test_the_faust_worker_gets_the_claim_check_store_and_the_host_blob_cache_from_its_environment(tmp_path):
+    cfg = every_field_set(tmp_path, "127.0.0.1:1")  # the Faust worker reads these two from its environment
+    env = child_env(cfg, tmp_path / CONFIG_FILE)
+    assert (env["REDIS_URL"], env["RLSTREAM_BLOB_CACHE"]) == (cfg.redis_url, str(tmp_path / "blobs"))
+    assert child_env(replace(cfg, blob_cache="off"), tmp_path / CONFIG_FILE)["RLSTREAM_BLOB_CACHE"] == "off"
+    assert replace(cfg, blob_cache=None).resolved().blob_cache == (default_cache_dir() or "off")
 
 
 def logs(run_dir: Path) -> str:
