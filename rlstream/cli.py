@@ -399,6 +399,14 @@ def _tool_bus(a: argparse.Namespace):
     return BusConfig.from_env(kind=kind, bootstrap=a.bootstrap, log_dir=log_dir, namespace=a.namespace)
 
 
+def _tool_blobs():
+    """The claim-check store of ``REDIS_URL`` behind the host cache (None without Redis): a tool
+    that loads or publishes weights over the inline size needs it, as the roles do."""
+    from streams.policies import blob_store_from_env
+
+    return blob_store_from_env()
+
+
 def cmd_subscribe(a: argparse.Namespace) -> int:
     from logtools.subscribe import follow
 
@@ -425,7 +433,7 @@ def cmd_rollback(a: argparse.Namespace) -> int:
     bus = _tool_bus(a)
     store = a.snapshot_store or str(a.run_dir / "snapshots")
     try:
-        result = rollback(bus, store, a.to_version, algo=a.algo or "ppo", env_id=a.env_id)
+        result = rollback(bus, store, a.to_version, algo=a.algo or "ppo", env_id=a.env_id, blob_store=_tool_blobs())
     except RollbackError as e:
         print(f"rollback failed: {e}", file=sys.stderr)
         return 2
@@ -456,7 +464,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     try:
         at_ms = parse_at(a.at) if a.at else None
         return serve(bus, policy_id=a.policy_id, port=a.port, stop=_stop_on_signals(), version=a.version,
-                     at_ms=at_ms)
+                     at_ms=at_ms, blob_store=_tool_blobs())
     except (PinNotFound, ValueError) as e:
         print(f"serve: {e}", file=sys.stderr)
         return 2

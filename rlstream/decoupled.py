@@ -32,7 +32,7 @@ from runtime.ports import (
     ENV_RUN_DIR,
 )
 from runtime.progress import Progress, read_state
-from runtime.roles import Slot, clear_summaries, drive, read_summaries, write_summary
+from runtime.roles import Slot, clear_summaries, drive, read_summaries, summary_path, write_summary
 from runtime.tensorboard import TensorBoardRun
 from streams.runconfig import CONFIG_FILE
 from streams.topics import LEARNER_GROUP, SAMPLES_PREPARED, SAMPLES_RAW, STREAMS_GROUP
@@ -398,7 +398,16 @@ class Supervisor:
     def alive(self, name: str) -> bool:
         return name in self.pending or self.procs[name].poll() is None
 
-    def stop(self) -> None:
+    def stop(self, finishing: tuple[str, ...] = (), grace_s: float = 20.0) -> None:
+        """End every child: first wait up to ``grace_s`` for the ``finishing`` ones (their work
+        done, they are exiting on their own: a SIGTERM would record a clean end as -15), then
+        SIGTERM the rest, and SIGKILL what is left after 30 s."""
+        deadline = time.monotonic() + grace_s
+        for name in finishing:
+            try:
+                self.procs[name].wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
         for p in self.procs.values():
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGTERM)
@@ -477,7 +486,8 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
         monitor.log_line()
     finally:
         bus.close()
-        sup.stop()
+        # an actor that wrote its summary has spent its budget and is on its way out
+        sup.stop(finishing=tuple(n for n in actors if not stop.is_set() and summary_path(cfg.run_dir, n).exists()))
     summaries = read_summaries(cfg.run_dir, procs)
     summary = {"mode": "decoupled", "namespace": cfg.bus.namespace, "ended": ended, "learner_exit": rc,
                "processes": summaries, "restarts": dict(sup.restarts),

@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -11,10 +14,16 @@ import urllib.request
 import pytest
 import torch
 
+from agents.networks import Policy
 from logtools.serve import serve
+from rlstream.config import BusConfig
+from rlstream.wiring import build_bus, build_events
 from schemas.events import PolicyVersion, now_ms
+from streams.policies import RedisBlobStore, make_policy_version, publish_policy_version
 from streams.topics import DEADLETTER, POLICY_VERSIONS
-from tests.support import wait_for
+from tests.ops.conftest import redis_server_url  # noqa: F401  (fixture)
+from tests.support import free_port, wait_for
+from tests.timetravel.test_verify_colocated import ROOT
 
 
 def call(url: str, body: bytes | None = None, method: str | None = None) -> tuple[int, dict | str]:
@@ -131,3 +140,38 @@ def test_a_version_that_does_not_load_is_skipped_and_the_old_one_stays(server, e
     assert act(server.url, [[0.0, 0.0, 0.0]])[1]["policy_version"] == 0
     assert list(events.bus.read_all(DEADLETTER)) == []  # the learner dead-letters policy records
     assert events.dead_letters.skipped == {(POLICY_VERSIONS, "invalid"): 1}
+
+
+def test_the_serve_command_loads_claim_checked_weights_from_redis_url(tmp_path, redis_server_url):  # noqa: F811
+    """A version over the inline size is a claim check: ``rlstream serve`` takes the store from
+    REDIS_URL (before, it had none and never became ready on such a run)."""
+    log = tmp_path / "log"
+    bus = build_bus(BusConfig(kind="memory", log_dir=str(log)))
+    p = Policy(4, 2, hidden=(8, 8))
+    pv = make_policy_version(p, policy_id="policy", version=3, parent_version=None, learner_id="L", algo="ppo",
+                             blob_store=RedisBlobStore(redis_server_url), claim_check_above=0)
+    publish_policy_version(build_events(bus, None), pv)
+    bus.close()
+    port = free_port()
+    env = {**os.environ, "REDIS_URL": redis_server_url, "RLSTREAM_BLOB_CACHE": str(tmp_path / "blobs"),
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "rlstream.cli", "serve", "--log-dir", str(log),
+                             "--port", str(port), "--metrics-port", "-1"], cwd=str(ROOT), env=env,
+                            stdout=out, stderr=subprocess.STDOUT)
+    try:
+        def ready():
+            if proc.poll() is not None:
+                raise AssertionError((tmp_path / "serve.log").read_text()[-2000:])
+            try:
+                return call(f"http://127.0.0.1:{port}/policy")[1]
+            except OSError:
+                return None
+        info = wait_for(lambda: (r := ready()) and isinstance(r, dict) and r.get("version") == 3 and r, 120,
+                        "serve's policy at version 3", on_timeout=lambda: (tmp_path / "serve.log").read_text()[-2000:])
+        assert info["version"] == 3
+        assert os.path.exists(tmp_path / "blobs" / pv.weights_ref.sha256)  # through the host cache
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        out.close()
