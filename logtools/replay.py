@@ -49,7 +49,7 @@ import torch
 
 from agents.dpo import PreferenceBatch
 from rlstream.config import BusConfig
-from streams.policies import arch_of, load_policy
+from streams.policies import Blobs, arch_of, load_policy
 from logtools.subscribe import _decode, open_events
 from schemas.errors import CodecError
 from schemas.events import DeadLetter, PolicyVersion, PreferencePair, PreparedBatch, SampleBatch, now_ms
@@ -209,7 +209,7 @@ def _preference_stats(algo, batch: PreferenceBatch) -> dict[str, float]:
 
 def _train_dpo(events: EventBus, pairs: list[tuple[Segment, Segment]], *, beta: float, epochs: int,
                heldout: float, policy_id: str, out: Path, lr: float, minibatch: int, seed: int,
-               hidden: tuple[int, ...] | None) -> dict[str, Any]:
+               hidden: tuple[int, ...] | None, blob_store: Blobs = None) -> dict[str, Any]:
     from agents.registry import make_algorithm
 
     t0 = time.perf_counter()
@@ -225,7 +225,7 @@ def _train_dpo(events: EventBus, pairs: list[tuple[Segment, Segment]], *, beta: 
     if found is not None:
         pv, rec = found
         try:
-            ref_policy = load_policy(pv)
+            ref_policy = load_policy(pv, blob_store)
         except CodecError as e:
             events.dead_letters.send(rec, e.reason, e, STAGE)
             reference["why_not_version"] = f"version {version} does not load: {e}"
@@ -282,8 +282,9 @@ def run_replay(bus_config: BusConfig | Bus | EventBus, topic: str = SAMPLES_RAW,
                train: bool = False, beta: float = 0.1, epochs: int = 20, out: Path | str = Path("runs/dpo"), *,
                margin: float = 0.0, margin_std: float = 0.1, publish: bool = True, heldout: float = 0.2,
                policy_id: str = "policy", lr: float = 3e-4, minibatch: int = 64, seed: int = 0,
-               hidden: tuple[int, ...] | None = None) -> dict[str, Any]:
-    """Replay ``topic``, rebuild and publish preference pairs, optionally train DPO (module docstring).
+               hidden: tuple[int, ...] | None = None, blob_store: Blobs = None) -> dict[str, Any]:
+    """Replay ``topic``, rebuild and publish preference pairs, optionally train DPO (module docstring);
+    ``blob_store``: where the reference version's claim-checked weights are.
 
     Returns ``{records, batches, segments, pairs_built, pairs_published, pairs_existing,
     skipped: {reason: n}, dead_lettered, seconds, dpo: {...} | None}``.
@@ -338,7 +339,7 @@ def run_replay(bus_config: BusConfig | Bus | EventBus, topic: str = SAMPLES_RAW,
                 raise ValueError(f"cannot train DPO on {len(pairs)} preference pair(s) from {topic} "
                                  f"({records} records, {len(segments)} segments of {segment} steps)")
             dpo = _train_dpo(events, pairs, beta=beta, epochs=epochs, heldout=heldout, policy_id=policy_id,
-                             out=out, lr=lr, minibatch=minibatch, seed=seed, hidden=hidden)
+                             out=out, lr=lr, minibatch=minibatch, seed=seed, hidden=hidden, blob_store=blob_store)
     finally:
         if owned is not None:
             owned.close()

@@ -422,7 +422,7 @@ def cmd_replay(a: argparse.Namespace) -> int:
 
     bus = _tool_bus(a)
     summary = run_replay(bus, topic=a.topic, segment=a.segment, train=a.train_dpo, beta=a.beta,
-                         epochs=a.epochs, out=a.out)
+                         epochs=a.epochs, out=a.out, blob_store=_tool_blobs())
     print(json.dumps({"summary": summary}, indent=2))
     return 0
 
@@ -481,7 +481,7 @@ def cmd_time_travel(a: argparse.Namespace) -> int:
     try:
         run = record.load(a.run, bus, run_id=a.run_id or None, policy_id=a.policy_id)
         if a.command == "verify":
-            report = verify.verify(run, snapshots)
+            report = verify.verify(run, snapshots, blobs=_tool_blobs())
             print(json.dumps(report.as_dict(), indent=2) if a.json else verify.format_report(report))
             return 0 if report.ok else 1
         if a.command == "lineage":

@@ -24,7 +24,7 @@ import torch
 from agents.core import Algorithm
 from learner.batching import StreamIds, to_trajectory_batch
 from learner.provenance import determinism, digest, record_digest
-from streams.policies import weights_bytes
+from streams.policies import Blobs, weights_bytes
 from logtools.timetravel.record import Recorded
 from schemas.errors import CodecError
 from schemas.events import GradientStep, PolicyVersion
@@ -88,8 +88,8 @@ def build_from_provenance(prov: dict[str, Any], overrides: dict[str, Any] | None
     return make_algorithm(prov["algo"], prov["obs_dim"], prov["act_dim"], config, device)
 
 
-def recorded_weights(pv: PolicyVersion) -> dict[str, torch.Tensor]:
-    state, _ = decode_weights(weights_bytes(pv))
+def recorded_weights(pv: PolicyVersion, blobs: Blobs = None) -> dict[str, torch.Tensor]:
+    state, _ = decode_weights(weights_bytes(pv, blobs))
     return state
 
 
@@ -121,8 +121,9 @@ def recorded_threads(recorded: dict[str, Any]):
 class Replay:
     """The learner's state, rebuilt from the log, advanced one recorded GradientStep at a time."""
 
-    def __init__(self, run: Recorded, snapshots: str | Path | None = None, device: str = "cpu") -> None:
-        self.run = run
+    def __init__(self, run: Recorded, snapshots: str | Path | None = None, device: str = "cpu",
+                 blobs: Blobs = None) -> None:
+        self.run, self.blobs = run, blobs
         self.version = run.first_version
         self.prov = run.provenance(self.version)
         with recorded_threads(self.prov.get("determinism", {})):  # init kernels (QR) split by threads too
@@ -156,7 +157,7 @@ class Replay:
         """None if the replayed state is the recorded version's, else why not."""
         mine = self.algo.policy.state_dict()
         try:
-            theirs = recorded_weights(pv)
+            theirs = recorded_weights(pv, self.blobs)
         except CodecError as e:
             return Divergence(pv.version, MISSING, f"recorded weights unreadable: {e}")
         same_weights = digest(mine) == digest(theirs)
@@ -233,10 +234,11 @@ class Replay:
         return report
 
 
-def verify(run: Recorded, snapshots: str | Path | None = None) -> VerifyReport:
-    """Replay ``run`` from its log and compare every version (see the module docstring)."""
+def verify(run: Recorded, snapshots: str | Path | None = None, blobs: Blobs = None) -> VerifyReport:
+    """Replay ``run`` from its log and compare every version (see the module docstring);
+    ``blobs``: where claim-checked weights are."""
     try:
-        replay = Replay(run, snapshots)
+        replay = Replay(run, snapshots, blobs=blobs)
     except ReplayError as e:
         report = VerifyReport(run.run_id, run.source, run.first_version)
         report.divergence = Divergence(run.first_version, MISSING, str(e))

@@ -16,11 +16,12 @@ import torch
 
 from agents.dpo import segment_log_prob
 from agents.networks import Policy
-from streams.policies import policy_from_arch
+from streams.policies import RedisBlobStore, make_policy_version, policy_from_arch, publish_policy_version
 from logtools.replay import build_segments, pair_segments, run_replay
 from schemas.events import DeadLetter, PreferencePair, SampleBatch, now_ms
 from schemas.weights import decode_weights
 from streams.topics import DEADLETTER, PREFERENCES, SAMPLES_RAW
+from tests.ops.conftest import redis_server_url  # noqa: F401  (fixture)
 
 OBS, ACT, T, N, EP, SEG = 2, 1, 16, 8, 8, 4
 W = np.array([0.5, -0.3], np.float32)
@@ -175,3 +176,19 @@ def test_without_the_behaviour_version_the_reference_is_fresh(events, pv, tmp_pa
 def test_train_without_pairs_is_a_clear_error(events, tmp_path):
     with pytest.raises(ValueError, match="0 preference pair"):
         run_replay(events, segment=SEG, train=True, out=tmp_path)
+
+
+def test_a_claim_checked_reference_version_loads_from_the_blob_store(events, tmp_path, redis_server_url):  # noqa: F811
+    """The behaviour version's weights went by claim check: with the store, replay takes it as
+    the DPO reference; without one it falls back to a fresh policy and says why."""
+    policy = Policy(OBS, ACT, hidden=(16, 16))
+    store = RedisBlobStore(redis_server_url)
+    publish_policy_version(events, make_policy_version(policy, policy_id="policy", version=5, parent_version=None,
+                                                       learner_id="L", algo="ppo", blob_store=store,
+                                                       claim_check_above=0))
+    record(events, policy, 4, version=5)
+    summary = run_replay(events, segment=SEG, train=True, epochs=2, out=tmp_path / "with", blob_store=store)
+    assert summary["dpo"]["reference"] == {"source": "rl.policy.versions", "version": 5}
+    without = run_replay(events, segment=SEG, train=True, epochs=2, out=tmp_path / "without")
+    assert without["dpo"]["reference"]["source"] == "fresh"
+    assert "no blob store" in without["dpo"]["reference"]["why_not_version"]
