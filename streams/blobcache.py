@@ -15,9 +15,10 @@ copy in memory per host, and adopting a version costs no copy at all.
 * The directory is the user's own (created 0700; one that another user owns or may write is
   refused), under
   ``/dev/shm`` by default: ``RLSTREAM_BLOB_CACHE`` names another, or ``off``.
-* Only the newest ``keep`` blobs stay; a reader that has mapped one keeps its bytes. A blob the
-  cache cannot take (a full ``/dev/shm``: a container's is 64 MB by default) is fetched by
-  each process alone, as without a cache.
+* Only the newest ``keep`` blobs stay (older ones go first when a new one would not fit); a
+  reader that has mapped one keeps its bytes. A blob the cache cannot take even empty (a
+  container's ``/dev/shm`` is 64 MB by default) is fetched by each process alone, as without a
+  cache, and nothing is written for it.
 """
 
 from __future__ import annotations
@@ -138,6 +139,7 @@ class HostBlobCache:
         path = self.path(digest)
         part = f"{path}.{os.getpid()}.{threading.get_ident()}.part"
         try:
+            self._make_room(len(data))
             f = open(part, "wb", buffering=0)
         except OSError as e:
             self._uncached(e)
@@ -173,7 +175,27 @@ class HostBlobCache:
         finally:
             os.close(fd)
 
+    def _free_bytes(self) -> int:
+        st = os.statvfs(self.root)
+        return st.f_bavail * st.f_frsize
+
+    def _make_room(self, size: int) -> None:
+        """Evict the oldest blobs until ``size`` bytes fit; CacheWriteError, before anything is
+        fetched or written, when even an empty cache would not hold it."""
+        free = self._free_bytes()
+        if free >= size:
+            return
+        blobs = sorted(self._blobs())
+        held = sum(self._size(name) for _, name in blobs)
+        if free + held < size:  # evicting would not help: keep what is there
+            raise CacheWriteError(f"{self.root} holds {free + held} bytes at most, the blob needs {size}")
+        for _, name in blobs:
+            self._drop(name)
+            if self._free_bytes() >= size:
+                return
+
     def _fill(self, path: str, digest: str, size: int, stream: Stream) -> mmap.mmap:
+        self._make_room(size)
         part = f"{path}.{os.getpid()}.{threading.get_ident()}.part"
         h, got = hashlib.sha256(), 0
         try:
@@ -214,18 +236,32 @@ class HostBlobCache:
 
     def _prune(self) -> None:
         """Keep the newest ``keep`` blobs; drop ``.part`` files their writers left long ago."""
-        now, blobs = time.time(), []
+        for _, name in sorted(self._blobs(stale_parts=True), reverse=True)[self.keep:]:
+            self._drop(name)
+
+    def _blobs(self, stale_parts: bool = False) -> list[tuple[float, str]]:
+        """``(mtime, name)`` of the cached blobs (removing stale ``.part`` files if asked)."""
+        now, out = time.time(), []
         for e in os.scandir(self.root):
             try:
                 if _DIGEST.fullmatch(e.name):
-                    blobs.append((e.stat().st_mtime, e.name))
-                elif e.name.endswith(".part") and now - e.stat().st_mtime > _STALE_PART_S:
+                    out.append((e.stat().st_mtime, e.name))
+                elif stale_parts and e.name.endswith(".part") and now - e.stat().st_mtime > _STALE_PART_S:
                     os.unlink(e.path)
-            except FileNotFoundError:  # another process pruned it first
+            except FileNotFoundError:  # another process removed it first
                 pass
-        for _, name in sorted(blobs, reverse=True)[self.keep:]:
-            for p in (name, name + ".lock"):
-                try:
-                    os.unlink(os.path.join(self.root, p))
-                except FileNotFoundError:
-                    pass
+        return out
+
+    def _size(self, name: str) -> int:
+        try:
+            return os.stat(os.path.join(self.root, name)).st_size
+        except FileNotFoundError:
+            return 0
+
+    def _drop(self, name: str) -> None:
+        """Remove a blob (a process that mapped it keeps its pages) and its lock file."""
+        for p in (name, name + ".lock"):
+            try:
+                os.unlink(os.path.join(self.root, p))
+            except FileNotFoundError:
+                pass

@@ -16,7 +16,7 @@ import torch
 
 from schemas.events import ClaimCheck
 from schemas.weights import decode_weights
-from streams.blobcache import BlobCacheError, HostBlobCache, default_cache_dir
+from streams.blobcache import BlobCacheError, CacheWriteError, HostBlobCache, default_cache_dir
 from streams.policies import (
     HostCachedStore,
     PolicyLoadError,
@@ -127,6 +127,24 @@ def test_only_the_newest_blobs_stay(tmp_path):
         os.utime(tmp_path / digest(b), (i, i))  # mtime order: the fill order, whatever the clock
     cache._prune()
     assert sorted(n for n in os.listdir(tmp_path) if not n.endswith(".lock")) == sorted(digest(b) for b in blobs[2:])
+
+
+def test_a_blob_that_would_not_fit_evicts_the_oldest_first_and_one_that_never_fits_is_not_written(tmp_path):
+    cache = HostBlobCache(str(tmp_path), keep=8)
+    old = [os.urandom(100) for _ in range(3)]
+    for i, b in enumerate(old):
+        cache.get(digest(b), len(b), streaming(b))
+        os.utime(tmp_path / digest(b), (i, i))
+    capacity = 250  # a small /dev/shm: what is free is what the cached blobs leave of it
+    cache._free_bytes = lambda: capacity - 100 * len([n for n in os.listdir(tmp_path) if len(n) == 64])
+    new = os.urandom(100)
+    cache.get(digest(new), len(new), streaming(new))  # 150 - 100 = 50 free before: the oldest two go
+    assert sorted(n for n in os.listdir(tmp_path) if len(n) == 64) == sorted([digest(old[2]), digest(new)])
+    calls, huge = [], os.urandom(300)
+    with pytest.raises(CacheWriteError, match="holds 250 bytes at most, the blob needs 300"):
+        cache.get(digest(huge), len(huge), streaming(huge, calls))
+    assert calls == []  # nothing fetched or written for it, and nothing evicted in vain:
+    assert sorted(n for n in os.listdir(tmp_path) if len(n) == 64) == sorted([digest(old[2]), digest(new)])
 
 
 def test_a_cache_directory_someone_else_can_write_is_refused(tmp_path):
