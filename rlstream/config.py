@@ -16,7 +16,7 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 import tyro
 
 from agents.defaults import algo_defaults
-from streams.blobcache import default_cache_dir
+from streams.blobcache import default_cache_dir, is_off
 from streams.policies import DEFAULT_CLAIM_CHECK_ABOVE
 from streams.processors.pipeline import PrepareConfig
 from streams.runconfig import read_run_config, write_run_config
@@ -247,7 +247,7 @@ class TrainConfig:
         """The host blob cache directory (None: off)."""
         if self.blob_cache is None:
             return default_cache_dir()
-        return None if self.blob_cache.strip().lower() in ("off", "none", "0") else self.blob_cache
+        return None if is_off(self.blob_cache) else self.blob_cache
 
     def to_dict(self) -> dict[str, Any]:
         """Every field as JSON values (``from_dict`` inverts it)."""

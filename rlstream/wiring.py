@@ -50,6 +50,11 @@ def build_events(bus: Bus, metrics: Metrics | None, publish_schemas: bool = True
     return events
 
 
+def build_blob_store(cfg: TrainConfig):
+    """The claim-check store of the run (None without Redis), behind the host blob cache."""
+    return open_blob_store(cfg.redis(), cfg.blob_cache_dir())
+
+
 def build_algo(cfg: TrainConfig, obs_dim: int, act_dim: int, nvec: tuple[int, ...] = ()):
     """The algorithm of ``cfg``; ``nvec``: discrete action choices (categorical policy head)."""
     from agents.registry import make_algorithm
@@ -153,7 +158,7 @@ def build_actor(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, ind
         if on_batch is not None:
             on_batch(batch, seconds)
 
-    blob = open_blob_store(cfg.redis(), cfg.blob_cache_dir())
+    blob = build_blob_store(cfg)
     sub = PolicySubscriber(events, policy_id=cfg.policy_id, stage=actor_id, on_latency=on_latency,
                            blob_store=blob, lag=cfg.actor_lag_versions)
     g = group_size(cfg)
@@ -174,7 +179,7 @@ def build_prepare_worker(cfg: TrainConfig, events: EventBus, metrics: Metrics | 
     from streams.processors.pipeline import Prepare
     from streams.worker import PrepareWorker
 
-    blob = open_blob_store(cfg.redis(), cfg.blob_cache_dir())  # claim-checked weights get IS too
+    blob = build_blob_store(cfg)  # claim-checked weights get IS too
     prepare = Prepare.from_config(cfg.prepare_config(), PolicyLogpFn.factory(blob), metrics=metrics)
     return PrepareWorker(events, prepare, metrics=metrics)
 
@@ -193,7 +198,7 @@ def build_learner(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, a
         if on_update is not None:
             on_update(learner, m, seconds)
 
-    blob = open_blob_store(cfg.redis(), cfg.blob_cache_dir())
+    blob = build_blob_store(cfg)
     lcfg = LearnerConfig(algo=cfg.algo, train_batch_size=cfg.train_batch_size, snapshot_every=cfg.snapshot_every,
                          total_samples=cfg.total_steps,
                          env_id=cfg.env_id, policy_id=cfg.policy_id, run_id=cfg.effective_run_id(),

@@ -13,8 +13,7 @@ copy in memory per host, and adopting a version costs no copy at all.
 * The lock is ``fcntl.flock`` on a per-digest lock file: the kernel drops it when its holder
   dies, and a half-written ``.part`` file is never read (only a rename publishes a blob).
 * The directory is the user's own (created 0700; one that another user owns or may write is
-  refused), under
-  ``/dev/shm`` by default: ``RLSTREAM_BLOB_CACHE`` names another, or ``off``.
+  refused), under ``/dev/shm`` by default: ``RLSTREAM_BLOB_CACHE`` names another, or ``off``.
 * Only the newest ``keep`` blobs stay (older ones go first when a new one would not fit); a
   reader that has mapped one keeps its bytes. A blob the cache cannot take even empty (a
   container's ``/dev/shm`` is 64 MB by default) is fetched by each process alone, as without a
@@ -53,11 +52,16 @@ class BlobCacheError(InvalidEventError, ValueError):
     """A fetched blob does not match its claim check (size or sha256), or the digest is not one."""
 
 
+def is_off(setting: str) -> bool:
+    """Whether a blob-cache setting (``RLSTREAM_BLOB_CACHE``, ``--blob-cache``) turns the cache off."""
+    return setting.strip().lower() in ("off", "none", "0")
+
+
 def default_cache_dir(env: dict | None = None) -> str | None:
     """The host cache directory: ``RLSTREAM_BLOB_CACHE`` (``off``: None), else
     ``/dev/shm/rlstream-blobs-<uid>`` (memory-backed) or the same under the temp directory."""
     value = (os.environ if env is None else env).get(ENV_BLOB_CACHE, "").strip()
-    if value.lower() in ("off", "none", "0"):
+    if is_off(value):
         return None
     if value:
         return value
@@ -91,6 +95,23 @@ def _write_all(f, data) -> None:
 
 class CacheWriteError(OSError):
     """The cache cannot take a blob (a full or unwritable directory): fetch it without the cache."""
+
+
+@contextmanager
+def _part_file(path: str):
+    """``(file, part path)``: a new file beside ``path`` that only a rename to ``path`` publishes;
+    removed on the way out unless renamed. CacheWriteError if it cannot be created."""
+    part = f"{path}.{os.getpid()}.{threading.get_ident()}.part"
+    try:
+        f = open(part, "wb", buffering=0)
+    except OSError as e:
+        raise CacheWriteError(f"{part}: {e}") from e
+    try:
+        with f:
+            yield f, part
+    finally:
+        if os.path.exists(part):
+            os.unlink(part)
 
 
 class HostBlobCache:
@@ -137,23 +158,14 @@ class HostBlobCache:
         """Cache ``data`` as the blob of ``digest``, which the caller computed from it (the
         publisher: readers on its host then never fetch it). A failed write costs the cache only."""
         path = self.path(digest)
-        part = f"{path}.{os.getpid()}.{threading.get_ident()}.part"
         try:
             self._make_room(len(data))
-            f = open(part, "wb", buffering=0)
-        except OSError as e:
-            self._uncached(e)
-            return
-        try:
-            with f:
+            with _part_file(path) as (f, part):
                 _write_all(f, data)
-            os.replace(part, path)
+                os.replace(part, path)
         except OSError as e:
             self._uncached(e)
             return
-        finally:
-            if os.path.exists(part):
-                os.unlink(part)
         self._prune()
 
     @staticmethod
@@ -186,42 +198,33 @@ class HostBlobCache:
         if free >= size:
             return
         blobs = sorted(self._blobs())
-        held = sum(self._size(name) for _, name in blobs)
+        held = sum(n for _, _, n in blobs)
         if free + held < size:  # evicting would not help: keep what is there
             raise CacheWriteError(f"{self.root} holds {free + held} bytes at most, the blob needs {size}")
-        for _, name in blobs:
+        for _, name, _ in blobs:
             self._drop(name)
             if self._free_bytes() >= size:
                 return
 
     def _fill(self, path: str, digest: str, size: int, stream: Stream) -> mmap.mmap:
         self._make_room(size)
-        part = f"{path}.{os.getpid()}.{threading.get_ident()}.part"
         h, got = hashlib.sha256(), 0
-        try:
-            f = open(part, "wb", buffering=0)
-        except OSError as e:
-            raise CacheWriteError(f"{part}: {e}") from e
-        try:
-            with f:
-                def on_chunk(chunk: memoryview) -> None:
-                    nonlocal got
-                    h.update(chunk)
-                    try:
-                        _write_all(f, chunk)
-                    except OSError as e:  # not the store's failure: fetch it without the cache
-                        raise CacheWriteError(f"{part}: {e}") from e
-                    got += len(chunk)
+        with _part_file(path) as (f, part):
+            def on_chunk(chunk: memoryview) -> None:
+                nonlocal got
+                h.update(chunk)
+                try:
+                    _write_all(f, chunk)
+                except OSError as e:  # not the store's failure: fetch it without the cache
+                    raise CacheWriteError(f"{part}: {e}") from e
+                got += len(chunk)
 
-                stream(on_chunk)
+            stream(on_chunk)
             if got != size or h.hexdigest() != digest:
                 raise BlobCacheError(f"fetched blob of {got} bytes does not match its claim check "
                                      f"({size} bytes, sha256 {digest[:16]}...)")
             mapped = map_file(part)  # before the rename: another process may prune it at once
             os.replace(part, path)
-        finally:
-            if os.path.exists(part):
-                os.unlink(part)
         with self._count:
             self.fills += 1
         self._prune()
@@ -236,27 +239,22 @@ class HostBlobCache:
 
     def _prune(self) -> None:
         """Keep the newest ``keep`` blobs; drop ``.part`` files their writers left long ago."""
-        for _, name in sorted(self._blobs(stale_parts=True), reverse=True)[self.keep:]:
+        for _, name, _ in sorted(self._blobs(stale_parts=True), reverse=True)[self.keep:]:
             self._drop(name)
 
-    def _blobs(self, stale_parts: bool = False) -> list[tuple[float, str]]:
-        """``(mtime, name)`` of the cached blobs (removing stale ``.part`` files if asked)."""
+    def _blobs(self, stale_parts: bool = False) -> list[tuple[float, str, int]]:
+        """``(mtime, name, size)`` of the cached blobs (removing stale ``.part`` files if asked)."""
         now, out = time.time(), []
         for e in os.scandir(self.root):
             try:
                 if _DIGEST.fullmatch(e.name):
-                    out.append((e.stat().st_mtime, e.name))
+                    st = e.stat()
+                    out.append((st.st_mtime, e.name, st.st_size))
                 elif stale_parts and e.name.endswith(".part") and now - e.stat().st_mtime > _STALE_PART_S:
                     os.unlink(e.path)
             except FileNotFoundError:  # another process removed it first
                 pass
         return out
-
-    def _size(self, name: str) -> int:
-        try:
-            return os.stat(os.path.join(self.root, name)).st_size
-        except FileNotFoundError:
-            return 0
 
     def _drop(self, name: str) -> None:
         """Remove a blob (a process that mapped it keeps its pages) and its lock file."""

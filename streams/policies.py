@@ -337,10 +337,7 @@ class HostCachedStore:
         except BlobCacheError as e:
             raise PolicyLoadError(f"claim-checked weights {ref.key}: {e}") from e
         except CacheWriteError:
-            data = self.store.get(ref.key)
-            if len(data) != ref.size or sha256(data) != ref.sha256:
-                raise PolicyLoadError(f"claim-checked weights {ref.key} fail their size or sha256") from None
-            return data
+            return _checked(self.store.get(ref.key), ref, f"claim-checked weights {ref.key}")
 
 
 def open_blob_store(url: str | None, cache_dir: str | None = None) -> RedisBlobStore | HostCachedStore | None:
@@ -421,8 +418,14 @@ def weights_bytes(pv: PolicyVersion, blobs: Blobs = None,
     if isinstance(blobs, HostCachedStore):  # checked as they stream into the host's cache
         return retry.call(lambda: blobs.fetch_verified(ref), what)
     data = retry.call(lambda: blobs(ref) if callable(blobs) else blobs.get(ref.key), what)
-    if sha256(data) != ref.sha256:
-        raise PolicyLoadError(f"claim-checked weights of version {pv.version} fail their sha256")
+    return _checked(data, ref, f"claim-checked weights of version {pv.version}")
+
+
+def _checked(data: Any, ref: ClaimCheck, what: str) -> Any:
+    """``data`` if it is the claim check's bytes (its size and sha256); PolicyLoadError naming
+    ``what`` if not."""
+    if len(data) != ref.size or sha256(data) != ref.sha256:
+        raise PolicyLoadError(f"{what} fail their size or sha256")
     return data
 
 
