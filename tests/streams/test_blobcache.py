@@ -5,6 +5,7 @@ is involved; real processes where the sharing is across processes."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import multiprocessing as mp
 import os
@@ -220,3 +221,17 @@ def test_a_streamed_redis_value_arrives_whole_and_in_order(redis_server_url, mon
     assert bytes(store.get(key)) == data
     with pytest.raises(PolicyLoadError, match="not found"):
         store.stream(key + "-gone", parts.append)
+
+
+@pytest.mark.parametrize("digest_, size", [("../../etc/" + "0" * 54, 100), ("0" * 64, 0)])
+def test_a_malformed_claim_check_in_an_event_is_a_policy_load_error(cached, digest_, size):
+    """The digest and size come from the event: a bad one is a PolicyLoadError (a CodecError, so
+    its record is dead-lettered once), and nothing is fetched or written."""
+    p = policy(7)
+    pv = make_policy_version(p, policy_id=f"p-{uuid.uuid4().hex[:6]}", version=1, parent_version=None,
+                             learner_id="L", algo="ppo", blob_store=cached.store, claim_check_above=0)
+    bad = dataclasses.replace(pv, weights_ref=ClaimCheck(store=pv.weights_ref.store, key=pv.weights_ref.key,
+                                                         sha256=digest_, size=size))
+    with pytest.raises(PolicyLoadError):
+        load_policy(bad, cached)
+    assert not os.path.exists(cached.cache.root) or not [n for n in os.listdir(cached.cache.root) if ".lock" not in n]
