@@ -2,7 +2,7 @@
 
     flow = OnPolicySync(max_batches_per_version=1, max_wait_s=20)          # PPO, GRPO, DAPO
     flow = Backpressure(backlog=lambda: bus.group_lag(STREAMS_GROUP, SAMPLES_RAW),
-                        max_backlog=64, sizes=BatchSizeController())       # AGRO, TBA
+                        max_backlog=64, sizes=FragmentSizeController())       # AGRO, TBA
     actor = Actor(config, subscriber, events, flow=flow)
     while not stop.is_set():
         actor.step()      # None while the flow holds the actor back (it waited up to flow.poll_s)
@@ -18,7 +18,7 @@ Co-located mode needs neither: one driver steps actor, processors and learner in
 * ``Backpressure``: free-running, but pause while the stream processors' backlog on
   ``rl.samples.raw`` (records their group has not committed) is above ``max_backlog``, and
   resume once it is back to ``resume_below`` (hysteresis). With ``sizes`` (a
-  ``learner.batch_size.BatchSizeController``, or anything with ``size`` and
+  ``actor.fragment_size.FragmentSizeController``, or anything with ``size`` and
   ``update(backlog)``), the fragment length follows the backlog too: longer fragments when
   records queue up (less per-record overhead), shorter ones when the processors keep up
   (fresher data). ``on_size`` reports every size (``Metrics.set_batch_size``).

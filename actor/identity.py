@@ -1,6 +1,6 @@
 """Actor ids without hand-set indices: ``<host>-<generation>``.
 
-    ident = register(bus)            # ActorIdentity(actor_id="pod-7f9c-12", host="pod-7f9c", generation=12)
+    ident = register(bus, env.hostname)   # ActorIdentity(actor_id="pod-7f9c-12", host="pod-7f9c", generation=12)
 
 ``register`` appends a claim (key: the host or pod name; value: a random token) to the
 single-partition, compacted ``rl.actors`` topic and reads it back: the claim's offset is the
@@ -13,9 +13,6 @@ Compaction keeps the newest claim per host; it never renumbers offsets.
 
 from __future__ import annotations
 
-import os
-import re
-import socket
 import uuid
 from dataclasses import dataclass
 
@@ -28,20 +25,15 @@ class ActorIdentity:
     actor_id: str
     """``<host>-<generation>``: the record key of the actor's batches."""
     host: str
-    """Host or pod name (``HOSTNAME``, else the socket's host name), as an id-safe string."""
+    """Host or pod name (``HOSTNAME``, else the socket's host name), as an id-safe string
+    (``config.Environment.hostname``)."""
     generation: int
     """Offset of this actor's claim on ``rl.actors``: unique, increasing across restarts."""
 
 
-def host_name() -> str:
-    """The pod or host name, with characters other than ``A-Z a-z 0-9 _ . -`` replaced by ``-``."""
-    name = os.environ.get("HOSTNAME") or socket.gethostname() or "actor"
-    return re.sub(r"[^A-Za-z0-9_.-]", "-", name)[:100]
-
-
-def register(bus: Bus, host: str | None = None, timeout: float = 30.0) -> ActorIdentity:
-    """Claim a generation on ``rl.actors`` for ``host`` (default ``host_name()``)."""
-    host = host or host_name()
+def register(bus: Bus, host: str, timeout: float = 30.0) -> ActorIdentity:
+    """Claim a generation on ``rl.actors`` for ``host`` (the pod or host name,
+    ``config.Environment.hostname``)."""
     token = uuid.uuid4().hex.encode()
     bus.produce(ACTORS, token, key=host.encode())
     bus.flush()
@@ -49,3 +41,8 @@ def register(bus: Bus, host: str | None = None, timeout: float = 30.0) -> ActorI
         if rec.value == token:
             return ActorIdentity(f"{host}-{rec.offset}", host, rec.offset)
     raise BusError(f"actor registration on {ACTORS}: our claim was not read back")
+
+
+def actor_seed(run_seed: int, index: int) -> int:
+    """Base seed of actor ``index``'s env resets and action noise (``rlstream lineage`` reports it)."""
+    return run_seed * 7919 + index

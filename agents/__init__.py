@@ -1,6 +1,6 @@
 """rlstream algorithms as pure torch: networks, normalisers, losses and learner steps. No I/O.
 
-The names below load on first use, so ``agents.defaults`` (pure data) is read without torch."""
+The names below load on first use, so ``config.algos`` (pure data) is read without torch."""
 
 from importlib import import_module
 

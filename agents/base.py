@@ -14,7 +14,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from agents.defaults import ALGO_DEFAULTS
+from config.algos import ALGO_DEFAULTS
 from agents.networks import Policy
 
 __all__ = [
@@ -137,7 +137,7 @@ def minibatch_indices(n: int, num_minibatches: int, generator: torch.Generator, 
 class BaseAlgorithm:
     """Holds the policy, optimiser, step counter and RNG; implements state_dict plumbing.
 
-    Subclasses set ``name`` (``is_on_policy`` follows from its row of ``agents.defaults``), implement
+    Subclasses set ``name`` (``is_on_policy`` follows from its row of ``config.algos``), implement
     ``update`` and may add learner-side state by overriding
     ``_extra_state`` / ``_load_extra_state``.
     """

@@ -195,7 +195,7 @@ class Algorithm(Protocol):
 
     Attributes:
         policy: the ``Policy`` module whose ``state_dict()`` is published to actors.
-        is_on_policy: True if the algorithm assumes (near-)fresh data (``agents.defaults``).
+        is_on_policy: True if the algorithm assumes (near-)fresh data (``config.algos``).
     """
 
     policy: Policy

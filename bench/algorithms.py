@@ -1,6 +1,6 @@
 """Every algorithm side by side with PPO: return after the same env-step budget, same seeds,
 each trained by ``run_colocated`` (what ``rlstream train --mode colocated --algo X`` runs: the
-algorithm's run defaults from ``agents.defaults.ALGO_DEFAULTS``, every event on the file-backed
+algorithm's run defaults from ``config.algos.ALGO_DEFAULTS``, every event on the file-backed
 memory bus), then DPO trained offline on a PPO run's recorded samples (``rlstream replay
 --train-dpo``) against its reference policy.
 
@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from rlstream.colocated import run_colocated
-from rlstream.config import BusConfig, TrainConfig
+from config import BusConfig, TrainConfig
 from streams.policies import load_policy, policy_from_arch
 from logtools.replay import run_replay
 from schemas.events import PolicyVersion

@@ -30,8 +30,9 @@ from actor.envs import make_vector_env
 from learner.batching import StreamIds, to_trajectory_batch
 from rlstream import wiring
 from rlstream.colocated import run_colocated
-from rlstream.config import TrainConfig
+from config import TrainConfig
 from runtime.metrics import Metrics
+from runtime.progress import quantiles_ms
 from schemas.events import PreparedBatch, now_ms
 
 
@@ -121,14 +122,6 @@ def main() -> None:
         "events": summary["events"],
     }
     print(json.dumps(out, indent=2))
-
-
-def quantiles_ms(xs: list[float]) -> dict:
-    if not xs:
-        return {"count": 0}
-    a = np.asarray(xs) * 1e3
-    return {"count": len(xs), "p50": round(float(np.percentile(a, 50)), 3),
-            "p99": round(float(np.percentile(a, 99)), 3), "max": round(float(a.max()), 3)}
 
 
 def latency_probe(cfg: TrainConfig, n: int = 300) -> dict:

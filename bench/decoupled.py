@@ -44,8 +44,9 @@ import torch
 
 from rlstream import wiring
 from rlstream.colocated import run_colocated
-from rlstream.config import BusConfig, TrainConfig
-from rlstream.decoupled import quantiles_ms, run_decoupled
+from config import BusConfig, TrainConfig
+from rlstream.decoupled import run_decoupled
+from runtime.progress import quantiles_ms
 from runtime.metrics import Metrics
 from schemas.codec import Codec
 from streams.topics import LEARNER_STEPS, STREAMS_GROUP, all_topics

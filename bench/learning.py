@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from rlstream.colocated import run_colocated
-from rlstream.config import BusConfig, TrainConfig
+from config import BusConfig, TrainConfig
 
 CLEANRL_PPO_HALFCHEETAH_1M = 1440.0
 

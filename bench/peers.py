@@ -26,6 +26,8 @@ Peers (installed with ``pip install -e .[bench]``; this script installs nothing)
 
 from __future__ import annotations
 
+from config.env import Environment
+
 import argparse
 import functools
 import json
@@ -76,7 +78,7 @@ def run_cleanrl(env_id: str, steps: int, seed: int, python: str) -> dict:
     cmd = [python, "-m", "cleanrl.ppo_continuous_action", "--env-id", env_id, "--seed", str(seed),
            "--total-timesteps", str(steps), "--num-envs", "1", "--num-steps", "2048", "--num-minibatches", "32",
            "--update-epochs", "10", "--track", "False", "--capture-video", "False", "--cuda", "False"]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = Environment.read().child({"PYTHONPATH": None})
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # one torch thread, as every peer
     with tempfile.TemporaryDirectory() as d:
         c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -100,7 +102,7 @@ def run_cleanrl(env_id: str, steps: int, seed: int, python: str) -> dict:
 
 def run_rlstream(env_id: str, steps: int, seed: int) -> dict:
     from rlstream.colocated import run_colocated
-    from rlstream.config import TrainConfig
+    from config import TrainConfig
 
     with tempfile.TemporaryDirectory() as d:
         cfg = TrainConfig(env_id=env_id, total_steps=steps, seed=seed, run_dir=Path(d), log_every_s=1e9,
@@ -148,7 +150,8 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(args.one, args.env, args.steps, args.seeds[0], args.cleanrl_python)))
         return
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    here = Environment.read()
+    env = here.child({"PYTHONPATH": os.pathsep.join([str(ROOT), here.get("PYTHONPATH")]).rstrip(os.pathsep)})
     runs: dict[str, list[dict]] = {p: [] for p in args.peers}
     for seed in args.seeds:
         for peer in args.peers:  # interleaved, so a change in the machine's load hits every peer

@@ -33,7 +33,8 @@ from schemas.codec import Codec  # noqa: E402
 from schemas.events import PolicyVersion, SampleBatch  # noqa: E402
 from schemas.weights import encode_weights  # noqa: E402
 from streams.processors.importance import ImportanceWeights, PolicyLogpFn  # noqa: E402
-from streams.processors.pipeline import Prepare, PrepareConfig  # noqa: E402
+from config import PrepareConfig  # noqa: E402
+from streams.processors.pipeline import Prepare  # noqa: E402
 
 OBS, ACT = 17, 6
 

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from decoupled import _Quiet, colocated, private_broker  # noqa: E402  (bench/decoupled.py)
-from rlstream.config import BusConfig, TrainConfig  # noqa: E402
+from config import BusConfig, TrainConfig  # noqa: E402
 from rlstream.decoupled import run_decoupled  # noqa: E402
 from schemas.codec import Codec  # noqa: E402
 from streams.bus.kafka import KafkaBus  # noqa: E402

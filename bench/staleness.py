@@ -32,6 +32,8 @@ queue's own lag (about one version) to K. Needs ``KAFKA_BROKERS``.
 
 from __future__ import annotations
 
+from config.env import Environment
+
 import argparse
 import copy
 import json
@@ -127,9 +129,9 @@ def run_decoupled_one(algo_name: str, env_id: str, K: int, correction: bool, ste
     import tempfile
     import uuid
 
-    from rlstream.config import BusConfig, TrainConfig
+    from config import BusConfig, TrainConfig
     from rlstream.decoupled import run_decoupled
-    from streams.processors.pipeline import PrepareConfig
+    from config import PrepareConfig
 
     algo_overrides = {k: v for k, v in overrides(algo_name, correction, steps, seed).items() if k != "seed"}
     with tempfile.TemporaryDirectory() as d:
@@ -215,7 +217,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.decoupled and "ppo" in args.algos:
         ap.error("--decoupled runs AGRO and TBA (--algos agro tba): decoupled PPO's lag is its flow's, not K")
-    bootstrap = os.environ.get("KAFKA_BROKERS", "127.0.0.1:9092")
+    bootstrap = Environment.read().kafka_brokers or "127.0.0.1:9092"
     out = args.out or Path("runs/bench-staleness") / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

@@ -20,6 +20,8 @@ parts of one adoption (Redis fetch, sha256 + decode, load by reference and by co
 
 from __future__ import annotations
 
+from config.env import Environment
+
 import argparse
 import copy
 import json
@@ -39,7 +41,7 @@ import torch
 
 from actor.policy_client import PolicySubscriber
 from agents.networks import Policy
-from rlstream.config import BusConfig
+from config import BusConfig
 from rlstream.wiring import build_bus, build_events
 from streams.policies import (
     DEFAULT_CLAIM_CHECK_ABOVE,
@@ -252,8 +254,9 @@ def run_size(params: int, args, redis_url: str | None, host_cache: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bootstrap", default=os.environ.get("KAFKA_BROKERS"))
-    ap.add_argument("--redis", default=os.environ.get("REDIS_URL"))
+    env = Environment.read()
+    ap.add_argument("--bootstrap", default=env.kafka_brokers)
+    ap.add_argument("--redis", default=env.redis_url)
     ap.add_argument("--actors", type=int, default=64)
     ap.add_argument("--procs", type=int, default=4, help="processes the subscriber threads are spread over")
     ap.add_argument("--params", type=int, nargs="+", default=[1_000_000, 10_000_000])

@@ -1,6 +1,6 @@
 """Data-parallel learner ranks over ``torch.distributed`` (gloo on CPU, nccl on CUDA).
 
-    group = DataParallel.from_env(algo, compression="none")   # RANK, WORLD_SIZE, MASTER_ADDR/PORT
+    group = DataParallel.from_env(algo, Environment.read().rank())   # RANK, WORLD_SIZE, MASTER_ADDR/PORT
     learner = Learner(config, algo, events, snapshots=store, parallel=group)
 
 The agents stay pure torch and unaware of ranks: ``GradSync`` hooks the policy's parameters and,
@@ -18,7 +18,6 @@ share of the global batch, so the result is that of one learner on the union of 
 from __future__ import annotations
 
 import datetime
-import os
 import signal
 import subprocess
 import sys
@@ -30,6 +29,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from config.env import RankEnv
 
 COMPRESSION = ("none", "fp16", "bf16")
 #: Seconds a collective waits for a peer before the rank gives up (a peer that died).
@@ -73,24 +74,6 @@ def backend_for(device: str) -> str:
     return "nccl" if device.startswith("cuda") else "gloo"
 
 
-@dataclass(frozen=True)
-class RankEnv:
-    """torchrun's variables: the rank, the world and where rank 0 listens."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @classmethod
-    def from_environ(cls, env: dict[str, str] | None = None) -> "RankEnv":
-        env = os.environ if env is None else env
-        rank = int(env.get("RANK", "0"))
-        return cls(rank, int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", str(rank))))
-
-
-def is_rank_process(env: dict[str, str] | None = None) -> bool:
-    """True under a launcher (``launch_ranks``, torchrun): this process is one rank."""
-    return "RANK" in (os.environ if env is None else env)
 
 
 class GradSync:
@@ -184,9 +167,9 @@ class DataParallel:
         self.device = next(algo.policy.parameters()).device
 
     @classmethod
-    def from_env(cls, algo: Any, compression: str = "none", stop: Callable[[], bool] | None = None,
+    def from_env(cls, algo: Any, env: RankEnv, compression: str = "none", stop: Callable[[], bool] | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> "DataParallel":
-        env = RankEnv.from_environ()
+        """Rank ``env`` of the group (torchrun's variables, ``config.Environment.rank()``)."""
         device = str(next(algo.policy.parameters()).device)
         init_group(env, backend_for(device), timeout_s)
         return cls(algo, env.rank, env.world_size, compression, stop)
@@ -316,12 +299,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_ranks(argv: list[str], world: int, env: dict[str, str] | None = None,
-                 grace_s: float = 30.0) -> int:
-    """Start ``world`` copies of ``argv`` as ranks (torchrun's variables) and wait for them. When
-    one exits non-zero the others are told to stop (SIGTERM, then SIGKILL after ``grace_s``);
-    the first non-zero exit code is returned."""
-    base = dict(os.environ if env is None else env)
+def launch_ranks(argv: list[str], world: int, env: dict[str, str], grace_s: float = 30.0) -> int:
+    """Start ``world`` copies of ``argv`` as ranks (torchrun's variables) with environment ``env``
+    (``config.Environment.child()``) and wait for them. When one exits non-zero the others are
+    told to stop (SIGTERM, then SIGKILL after ``grace_s``); the first non-zero exit code is returned."""
+    base = dict(env)
     base.setdefault("MASTER_ADDR", "127.0.0.1")
     base.setdefault("MASTER_PORT", str(free_port()))
     procs = []

@@ -404,11 +404,6 @@ class _BaseStore:
         except (KeyError, ValueError, TypeError) as exc:
             raise SnapshotCorruptError(f"v{version} state: bad structure ({exc})") from exc
 
-    def load_snapshot(self, version: int, with_state: bool = False) -> Snapshot:
-        weights, meta = self.load(version)
-        state = self.load_state(version) if with_state else None
-        return Snapshot(version, weights, meta, state)
-
     def meta(self, version: int) -> dict[str, Any]:
         """``meta`` of ``version`` without reading the weights."""
         return self._record(version)["meta"]

@@ -50,6 +50,9 @@ import uuid
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
+from config.env import Environment  # standard library only: this runs before the package is installed
+from config.limits import MAX_MESSAGE_BYTES
+
 KAFKA_VERSION = "3.9.1"
 SCALA_BINARY = "2.13"
 DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
@@ -70,7 +73,6 @@ DEFAULT_PORT = 9092
 DEFAULT_START_TIMEOUT = 120.0
 DEFAULT_STOP_TIMEOUT = 30.0
 HOST = "127.0.0.1"
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 JVM_HEAP = ("-Xms256m", "-Xmx1g")
 
 MARKER = ".rlstream-complete"
@@ -117,14 +119,15 @@ class PortBusyError(BrokerError):
 # paths and versions
 
 
-def default_version() -> str:
-    return os.environ.get("RLSTREAM_KAFKA_VERSION") or KAFKA_VERSION
+def default_version(env: Environment | None = None) -> str:
+    return (env or Environment.read()).kafka_version or KAFKA_VERSION
 
 
-def cache_root() -> Path:
-    env = os.environ.get("RLSTREAM_CACHE")
-    if env:
-        return Path(env).expanduser()
+def cache_root(env: Environment | None = None) -> Path:
+    """``RLSTREAM_CACHE``, else ``~/.cache/rlstream`` (``env`` None: this process's environment)."""
+    given = (env or Environment.read()).cache_dir
+    if given:
+        return Path(given).expanduser()
     return Path.home() / ".cache" / "rlstream"
 
 
@@ -436,8 +439,8 @@ def port_is_free(port: int, host: str = HOST) -> bool:
 # tools
 
 
-def find_java() -> str:
-    home = os.environ.get("JAVA_HOME")
+def find_java(env: Environment | None = None) -> str:
+    home = (env or Environment.read()).java_home
     if home and (Path(home) / "bin" / "java").is_file():
         return str(Path(home) / "bin" / "java")
     java = shutil.which("java")
@@ -775,7 +778,7 @@ class LocalKafka:
         return [logprop, f"-Dkafka.logs.dir={self.data_dir / 'logs'}"]
 
     def _java_cmd(self, java: str, main: str, *args: str) -> list[str]:
-        extra = os.environ.get("RLSTREAM_KAFKA_JAVA_OPTS", "").split()
+        extra = Environment.read().kafka_java_opts
         return [
             java, *self.heap, "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
             "-Djava.awt.headless=true", *self._log_opts(), *extra,

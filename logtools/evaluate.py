@@ -29,7 +29,7 @@ class EvalError(RuntimeError):
 
 
 def _from_log(log_dir: Path, version: int | None) -> tuple[int, Policy] | None:
-    from rlstream.config import BusConfig
+    from config import BusConfig
     from logtools.subscribe import PolicyFeed
 
     if not (log_dir / "_topics.json").exists():

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from agents.dpo import PreferenceBatch
-from rlstream.config import BusConfig
+from config import BusConfig
 from streams.policies import Blobs, arch_of, load_policy
 from logtools.subscribe import _decode, open_events
 from schemas.errors import CodecError

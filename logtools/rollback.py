@@ -26,7 +26,8 @@ from urllib.parse import urlsplit
 
 from agents.networks import Policy
 from learner.snapshots import SnapshotError, open_store
-from rlstream.config import BusConfig
+from learner.snapshots import rollback as snapshot_rollback
+from config import BusConfig
 from logtools.subscribe import open_events
 from schemas.errors import CodecError
 from schemas.weights import decode_weights, sha256
@@ -105,8 +106,9 @@ def rollback(bus_config: BusConfig | Bus | EventBus, store_url: str, to_version:
     if to_version not in available:
         listing = ", ".join(map(str, available)) if available else "none"
         raise RollbackError(f"no snapshot of version {to_version} in {store.url}; snapshots there: {listing}")
-    try:
-        weights, meta = store.load(to_version)
+    try:  # the rolled-back snapshot is pinned: the learner continuing from it never prunes it
+        snap = snapshot_rollback(store, to_version, pin=True)
+        weights, meta = snap.weights, snap.meta
     except SnapshotError as e:
         raise RollbackError(f"snapshot {to_version} in {store.url} is unreadable: {e}") from e
     if env_id and meta.get("env_id") and meta["env_id"] != env_id:

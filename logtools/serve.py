@@ -38,7 +38,8 @@ from typing import Any
 import torch
 
 from agents.networks import Policy
-from rlstream.config import BusConfig
+from config import BusConfig
+from config.limits import MAX_MESSAGE_BYTES
 from runtime.http import HealthChecks, MetricsServer, Request, Response, json_response
 from runtime.logging import get_logger
 from runtime.metrics import Metrics
@@ -52,7 +53,7 @@ __all__ = ["PolicyServer", "serve", "MAX_BATCH"]
 
 MAX_BATCH = 4096
 """Most observations one /act request may carry."""
-MAX_BODY = 16 * 1024 * 1024
+MAX_BODY = MAX_MESSAGE_BYTES
 
 _log = get_logger(__name__)
 

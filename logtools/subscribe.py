@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from rlstream.config import BusConfig
+from config import BusConfig
 from schemas.errors import CodecError
 from schemas.events import DeadLetter, GradientStep, PolicyVersion
 from schemas.weights import sha256
@@ -67,20 +67,21 @@ FOLLOWABLE = ("policies", "steps", "deadletters")
 # -- plumbing shared by subscribe, serve, rollback and replay ---------------------------------
 
 def open_events(source: BusConfig | Bus | EventBus, metrics: Any = None) -> tuple[EventBus, Bus | None]:
-    """``(events, owned_bus)`` for a BusConfig (a new bus, built by ``rlstream.wiring``; the
+    """``(events, owned_bus)`` for a BusConfig (a new bus, ``streams.bus.open_bus``; the
     caller closes ``owned_bus``), a Bus, or an EventBus (used as is; ``owned_bus`` is None).
 
     A memory BusConfig gives a new, empty in-process bus: in-process callers pass their Bus.
     """
     if isinstance(source, EventBus):
         return source, None
-    from rlstream import wiring
+    from streams.bus import open_bus
+    from streams.events import event_bus
 
     if isinstance(source, Bus):
-        return wiring.build_events(source, metrics), None
+        return event_bus(source, metrics), None
     if isinstance(source, BusConfig):
-        bus = wiring.build_bus(source)
-        return wiring.build_events(bus, metrics), bus
+        bus = open_bus(source)
+        return event_bus(bus, metrics), bus
     raise TypeError(f"expected a BusConfig, Bus or EventBus, not {type(source).__name__}")
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
@@ -13,7 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from runtime.ports import DEFAULT_PORTS, ENV_CONFIG, KNOWN_COMMANDS, metrics_port
+from config.env import Environment
+from runtime.ports import DEFAULT_PORTS, KNOWN_COMMANDS, metrics_port
 
 
 def _kv(items: list[str] | None) -> dict[str, Any]:
@@ -62,7 +62,7 @@ TRAINING_COMMANDS = ("train", "actor", "learner")
 
 
 def _add_training(p: argparse.ArgumentParser) -> None:
-    """The flags of ``TrainConfig``'s entry-point fields (``rlstream.config.EntryPoint``); every
+    """The flags of ``TrainConfig``'s entry-point fields (``config.train.EntryPoint``); every
     other field is a generated flag (``parse_training``)."""
     p.add_argument("-h", "--help", action="store_true", help="show this help message and exit")
     p.set_defaults(shared_flags=p)
@@ -84,9 +84,9 @@ def parse_training(a: argparse.Namespace, argv: list[str]) -> None:
     generated from the dataclasses' fields and docstrings (``--num-envs``, ``--max-versions``...)."""
     import tyro
 
-    from agents.defaults import TRAINABLE
-    from rlstream.config import TrainConfig
-    from streams.processors.pipeline import PrepareConfig
+    from config.algos import TRAINABLE
+    from config import TrainConfig
+    from config import PrepareConfig
 
     prog = f"rlstream {a.command}"
     if a.help:
@@ -112,6 +112,8 @@ class _Parser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         a, rest = super().parse_known_args(args, namespace)
+        if getattr(a, "env", None) is None:
+            a.env = Environment.read()  # the one read of the environment; handlers take it from here
         if getattr(a, "command", None) in TRAINING_COMMANDS:
             parse_training(a, rest)
             rest = []
@@ -257,14 +259,16 @@ def train_namespace(given: str, flag: str | None, run_id: str, run_dir: Path, re
 def train_config(a: argparse.Namespace, default_bus: str = "memory"):
     """The ``TrainConfig`` of a parsed training command: the generated flags' ``a.train`` with the
     entry-point fields resolved (run id and directory, bus and namespace, wrappers, overrides)."""
-    from rlstream.config import BusConfig
+    from config import BusConfig
 
+    env: Environment = a.env
     base = a.train
-    run_id = a.run_id or uuid.uuid4().hex[:12]
+    run_id = a.run_id or env.run_id or uuid.uuid4().hex[:12]
     mode = a.mode if a.command == "train" else "decoupled"
     run_dir = resolve_run_dir(a.run_dir, run_id, base.resume) if mode == "colocated" else (
         a.run_dir or Path("runs") / "decoupled")
-    bus = BusConfig.from_env(kind=a.bus or None, bootstrap=a.bootstrap, log_dir=a.log_dir, namespace=a.namespace)
+    bus = BusConfig.from_environment(env, kind=a.bus or None, bootstrap=a.bootstrap, log_dir=a.log_dir,
+                                     namespace=a.namespace)
     if a.partitions is not None:
         bus = replace(bus, partitions=a.partitions)
     if a.command == "train" and mode == "decoupled":
@@ -282,7 +286,9 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
     tensorboard = None if a.tensorboard == "off" else (a.tensorboard or str(run_dir / "tb"))
     return replace(base, mode=mode, wrappers=_names(a.wrappers), tensorboard=tensorboard,
                    algo_overrides=_kv(a.set), run_dir=run_dir, run_id=run_id, metrics_port=a.metrics_port,
-                   streams=a.streams, bus=bus)
+                   streams=a.streams, bus=bus, snapshot_store=base.snapshot_store or env.snapshot_store,
+                   redis_url=base.redis_url or env.redis_url,
+                   blob_cache=base.blob_cache if base.blob_cache is not None else env.blob_cache)
 
 
 def _stop_on_signals() -> threading.Event:
@@ -296,14 +302,14 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-def _serve_metrics(metrics, port: int | None, role: str):
+def _serve_metrics(metrics, port: int | None, role: str, env: Environment):
     from runtime.http import HealthChecks, MetricsServer
 
     if port == -1:
         return None, HealthChecks()
     health = HealthChecks()
     server = MetricsServer(metrics, health, host="127.0.0.1" if role == "colocated" else "0.0.0.0",
-                           port=metrics_port(role) if port is None else port)
+                           port=metrics_port(role, env) if port is None else port)
     try:
         server.start()
     except OSError as e:
@@ -324,7 +330,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         from rlstream.colocated import run_colocated
 
         metrics = Metrics(role="colocated")
-        server, _ = _serve_metrics(metrics, cfg.metrics_port, "colocated")
+        server, _ = _serve_metrics(metrics, cfg.metrics_port, "colocated", a.env)
         try:
             summary = run_colocated(cfg, log=log, stop=stop, metrics=metrics)
         finally:
@@ -334,7 +340,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         from rlstream.decoupled import ChildExited, run_decoupled
 
         try:
-            summary = run_decoupled(cfg, log=log, stop=stop)
+            summary = run_decoupled(cfg, log=log, stop=stop, env=a.env)
         except ChildExited as e:
             print(f"error: {e}", file=sys.stderr, flush=True)
             return 1
@@ -347,33 +353,36 @@ def cmd_train(a: argparse.Namespace) -> int:
 
 def cmd_role(a: argparse.Namespace) -> int:
     from rlstream import decoupled
-    from rlstream.config import read_config
+    from config import read_config
     from runtime.logging import configure_logging, get_logger
     from runtime.metrics import Metrics
 
     from learner import distributed
 
-    config = a.config or os.environ.get(ENV_CONFIG)
-    cfg = read_config(config) if config else train_config(a, default_bus="kafka")
+    env: Environment = a.env
+    config = a.config or env.config_path
+    cfg = read_config(config, env) if config else train_config(a, default_bus="kafka")
     if config and getattr(a, "train", None) is not None and a.train.resume:
         cfg = replace(cfg, resume=True)  # a supervised restart: the run's config, resumed
     role = a.command
     world = len(distributed.parse_devices(cfg.device, cfg.learners)) if role == "learner" else 1
-    if world > 1 and not distributed.is_rank_process():  # the launcher: one process per rank
+    ranks = env.rank()
+    if world > 1 and not ranks.launched:  # the launcher: one process per rank
         same = ["--run-id", cfg.effective_run_id(), "--run-dir", str(cfg.run_dir)]  # one run for every rank
-        code = distributed.launch_ranks(["-m", "rlstream.cli", *a.argv, *same], world)
+        code = distributed.launch_ranks(["-m", "rlstream.cli", *a.argv, *same], world, env.child())
         return code if code >= 0 else 1
-    rank = distributed.RankEnv.from_environ().rank
+    rank = ranks.rank
     configure_logging(role=role, run_id=cfg.effective_run_id(), level=a.log_level, json=a.log_json)
     log = get_logger(f"rlstream.{role}")
     stop = _stop_on_signals()
     metrics = Metrics(role=role)
-    server, health = _serve_metrics(metrics, cfg.metrics_port if rank == 0 else -1, role)
+    server, health = _serve_metrics(metrics, cfg.metrics_port if rank == 0 else -1, role, env)
     try:
         if role == "actor":
-            summary = decoupled.run_actor(cfg, a.index, log=log, stop=stop, metrics=metrics, health=health)
+            summary = decoupled.run_actor(cfg, a.index, log=log, stop=stop, metrics=metrics, health=health,
+                                          host=env.hostname)
         else:
-            summary = decoupled.run_learner(cfg, log=log, stop=stop, metrics=metrics, health=health)
+            summary = decoupled.run_learner(cfg, log=log, stop=stop, metrics=metrics, health=health, rank=ranks)
     except distributed.PeerLost as e:
         log.error("peer_lost", error=str(e), note="the group stops; a restart resumes from its last snapshot")
         return distributed.EXIT_PEER_LOST
@@ -386,7 +395,7 @@ def cmd_role(a: argparse.Namespace) -> int:
 
 def _tool_bus(a: argparse.Namespace):
     """The bus of a tool command: Kafka, or a co-located run's log with --log-dir / --bus memory."""
-    from rlstream.config import BusConfig
+    from config import BusConfig
 
     log_dir = a.log_dir
     if a.bus == "memory" and log_dir is None and getattr(a, "run_dir", None) is not None:
@@ -396,15 +405,16 @@ def _tool_bus(a: argparse.Namespace):
         raise SystemExit("--bus memory needs --log-dir (the event log of a co-located run, e.g. runs/latest/log)")
     if kind == "memory" and not (Path(log_dir) / "_topics.json").exists():
         raise SystemExit(f"no event log at {log_dir}")
-    return BusConfig.from_env(kind=kind, bootstrap=a.bootstrap, log_dir=log_dir, namespace=a.namespace)
+    return BusConfig.from_environment(a.env, kind=kind, bootstrap=a.bootstrap, log_dir=log_dir,
+                                      namespace=a.namespace)
 
 
-def _tool_blobs():
+def _tool_blobs(a: argparse.Namespace):
     """The claim-check store of ``REDIS_URL`` behind the host cache (None without Redis): a tool
     that loads or publishes weights over the inline size needs it, as the roles do."""
-    from streams.policies import blob_store_from_env
+    from rlstream.wiring import blob_store_of
 
-    return blob_store_from_env()
+    return blob_store_of(a.env.redis_url, a.env.blob_cache)
 
 
 def cmd_subscribe(a: argparse.Namespace) -> int:
@@ -422,7 +432,7 @@ def cmd_replay(a: argparse.Namespace) -> int:
 
     bus = _tool_bus(a)
     summary = run_replay(bus, topic=a.topic, segment=a.segment, train=a.train_dpo, beta=a.beta,
-                         epochs=a.epochs, out=a.out, blob_store=_tool_blobs())
+                         epochs=a.epochs, out=a.out, blob_store=_tool_blobs(a))
     print(json.dumps({"summary": summary}, indent=2))
     return 0
 
@@ -431,9 +441,9 @@ def cmd_rollback(a: argparse.Namespace) -> int:
     from logtools.rollback import RollbackError, rollback
 
     bus = _tool_bus(a)
-    store = a.snapshot_store or str(a.run_dir / "snapshots")
+    store = a.snapshot_store or a.env.snapshot_store or str(a.run_dir / "snapshots")
     try:
-        result = rollback(bus, store, a.to_version, algo=a.algo or "ppo", env_id=a.env_id, blob_store=_tool_blobs())
+        result = rollback(bus, store, a.to_version, algo=a.algo or "ppo", env_id=a.env_id, blob_store=_tool_blobs(a))
     except RollbackError as e:
         print(f"rollback failed: {e}", file=sys.stderr)
         return 2
@@ -464,7 +474,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     try:
         at_ms = parse_at(a.at) if a.at else None
         return serve(bus, policy_id=a.policy_id, port=a.port, stop=_stop_on_signals(), version=a.version,
-                     at_ms=at_ms, blob_store=_tool_blobs())
+                     at_ms=at_ms, blob_store=_tool_blobs(a))
     except (PinNotFound, ValueError) as e:
         print(f"serve: {e}", file=sys.stderr)
         return 2
@@ -472,16 +482,16 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
 def cmd_time_travel(a: argparse.Namespace) -> int:
     """verify / fork / lineage over a run directory or Kafka (exit 1: verify found a divergence)."""
-    from rlstream.config import BusConfig
+    from config import BusConfig
     from logtools.timetravel import fork, lineage, record, verify
 
-    bus = None if a.run is not None else BusConfig.from_env(kind=a.bus or "kafka", bootstrap=a.bootstrap,
-                                                            namespace=a.namespace)
+    bus = None if a.run is not None else BusConfig.from_environment(a.env, kind=a.bus or "kafka",
+                                                                    bootstrap=a.bootstrap, namespace=a.namespace)
     snapshots = getattr(a, "snapshot_store", None) or (str(a.run / "snapshots") if a.run is not None else None)
     try:
         run = record.load(a.run, bus, run_id=a.run_id or None, policy_id=a.policy_id)
         if a.command == "verify":
-            report = verify.verify(run, snapshots, blobs=_tool_blobs())
+            report = verify.verify(run, snapshots, blobs=_tool_blobs(a))
             print(json.dumps(report.as_dict(), indent=2) if a.json else verify.format_report(report))
             return 0 if report.ok else 1
         if a.command == "lineage":

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlstream import wiring
-from rlstream.config import TrainConfig
+from config import TrainConfig
 from runtime.logging import bind_policy_version
 from runtime.metrics import Metrics
 from runtime.tensorboard import TensorBoardRun

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from rlstream import wiring
-from rlstream.config import TrainConfig, write_config
+from config import TrainConfig, write_config
 from runtime.logging import bind_policy_version
 from runtime.metrics import Metrics
-from runtime.ports import (
+from config.env import (
     ENV_BLOB_CACHE,
     ENV_CONFIG,
     ENV_KAFKA_BROKERS,
@@ -30,11 +30,13 @@ from runtime.ports import (
     ENV_PROCESS,
     ENV_REDIS_URL,
     ENV_RUN_DIR,
+    Environment,
+    RankEnv,
 )
-from runtime.progress import Progress, read_state
+from runtime.progress import Progress, quantiles_ms, read_state
 from runtime.roles import Slot, clear_summaries, drive, read_summaries, summary_path, write_summary
 from runtime.tensorboard import TensorBoardRun
-from streams.runconfig import CONFIG_FILE
+from config.runfile import CONFIG_FILE
 from streams.topics import LEARNER_GROUP, SAMPLES_PREPARED, SAMPLES_RAW, STREAMS_GROUP
 
 #: File in a decoupled run's directory naming its namespace (``--resume`` reads it).
@@ -47,18 +49,6 @@ def _consumer_lag_gauge(metrics: Metrics, bus, group: str, topic: str):
         metrics.set_consumer_lag(group, topic, value)
         return value
     return lag
-
-
-def quantiles_ms(values, qs=(0.5, 0.9, 0.99)) -> dict[str, Any]:
-    """Exact quantiles (ms) of latencies in seconds, for summaries and benchmarks."""
-    xs = sorted(values)
-    if not xs:
-        return {"count": 0}
-    out: dict[str, Any] = {"count": len(xs)}
-    for q in qs:
-        out[f"p{round(q * 100)}"] = round(xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3, 3)
-    out["max"] = round(xs[-1] * 1e3, 3)
-    return out
 
 
 def _set_threads(cfg: TrainConfig) -> None:
@@ -74,7 +64,7 @@ def state_path(cfg: TrainConfig, name: str) -> Path:
 
 
 def run_actor(cfg: TrainConfig, index: int | None, log: Any = None, stop: threading.Event | None = None,
-              metrics: Metrics | None = None, health: Any = None) -> dict[str, Any]:
+              metrics: Metrics | None = None, health: Any = None, host: str = "actor") -> dict[str, Any]:
     """Collect and publish fragments until ``stop`` or until the actor's step budget
     (``cfg.actor_budget()``) is spent, under the algorithm's flow control (``wiring.build_flow``):
     the loop heartbeats while it waits for a policy version, room, or a stalled learner.
@@ -86,7 +76,7 @@ def run_actor(cfg: TrainConfig, index: int | None, log: Any = None, stop: thread
     if index is None:
         from actor.identity import register
 
-        ident = register(bus)
+        ident = register(bus, host)
         name, index = ident.actor_id, ident.generation
         if log is not None:
             log.info("actor_registered", actor_id=name, host=ident.host, generation=ident.generation)
@@ -154,7 +144,7 @@ def _round(flush: Any, health: Any, progress: Progress):
 
 
 def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None = None,
-                metrics: Metrics | None = None, health: Any = None) -> dict[str, Any]:
+                metrics: Metrics | None = None, health: Any = None, rank: RankEnv | None = None) -> dict[str, Any]:
     from learner import distributed
     from learner.circuit_breaker import CircuitBreaker
 
@@ -162,7 +152,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
     _set_threads(cfg)
     stop = stop or threading.Event()
     metrics = metrics or Metrics(role="learner")
-    rank = distributed.RankEnv.from_environ()
+    rank = rank or RankEnv()
     if rank.world_size > 1:  # one of N data-parallel ranks (docs/learners.md)
         device = distributed.parse_devices(cfg.device, cfg.learners or rank.world_size)[rank.local_rank]
         cfg = replace(cfg, device=device, tensorboard=cfg.tensorboard if rank.rank == 0 else None)
@@ -172,7 +162,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
     algo = wiring.build_algo(cfg, info.obs_dim, info.act_dim, info.nvec)
     parallel = None
     if rank.world_size > 1:
-        parallel = distributed.DataParallel.from_env(algo, cfg.grad_compression, stop=stop.is_set)
+        parallel = distributed.DataParallel.from_env(algo, rank, cfg.grad_compression, stop=stop.is_set)
     last_update = [time.monotonic()]
 
     def idle() -> dict[str, Any]:  # a learner without data for long is the sign of a stalled run
@@ -246,16 +236,12 @@ def child_commands(cfg: TrainConfig, config_path: Path) -> dict[str, list[str]]:
     return cmds
 
 
-def child_env(cfg: TrainConfig, config_path: Path) -> dict[str, str]:
-    """The environment of the children: this one's, with the run's config file, bus and
-    claim-check store."""
-    env = dict(os.environ)
-    env.pop(ENV_METRICS_PORT, None)
-    env.update({ENV_CONFIG: str(config_path), ENV_KAFKA_BROKERS: cfg.bus.bootstrap, ENV_NAMESPACE: cfg.bus.namespace,
-                ENV_RUN_DIR: str(cfg.run_dir), ENV_BLOB_CACHE: cfg.blob_cache_dir() or "off"})
-    if cfg.redis():  # the Faust worker takes its claim-check store from the environment
-        env[ENV_REDIS_URL] = cfg.redis()
-    return env
+def child_env(cfg: TrainConfig, config_path: Path, env: Environment) -> dict[str, str]:
+    """The environment of the children: this one's (``env``), with the run's config file, bus
+    and claim-check store."""
+    return env.child({ENV_METRICS_PORT: None, ENV_CONFIG: str(config_path), ENV_KAFKA_BROKERS: cfg.bus.bootstrap,
+                      ENV_NAMESPACE: cfg.bus.namespace, ENV_RUN_DIR: str(cfg.run_dir),
+                      ENV_BLOB_CACHE: cfg.blob_cache_dir() or "off", ENV_REDIS_URL: cfg.redis()})
 
 
 def write_effective_config(cfg: TrainConfig, name: str) -> Path:
@@ -430,20 +416,23 @@ def streams_cmd(cfg: TrainConfig, index: int) -> list[str]:
 DRAIN_CHECK_S = 1.0
 
 
-def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | None = None) -> dict[str, Any]:
+def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | None = None,
+                  env: Environment | None = None) -> dict[str, Any]:
     """Start the learner, ``stream_workers`` Faust workers and ``num_actors`` actors in
     ``cfg.bus.namespace``; print progress every ``log_every_s``; wait for the learner. Actors stop
     at their budget; once all have, the learner trains on what is left until it makes no more
     progress for ``drain_s``. A role that dies is restarted (``Supervisor``) up to
-    ``max_restarts`` times, then ``ChildExited`` is raised."""
+    ``max_restarts`` times, then ``ChildExited`` is raised. The children get ``env`` (the entry
+    point's ``Environment``; None: this process's, read now) with the run's settings on top."""
     stop = stop or threading.Event()
+    env = env if env is not None else Environment.read()
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     (cfg.run_dir / NAMESPACE_FILE).write_text(cfg.bus.namespace + "\n")
     for old in cfg.run_dir.glob("*.state.json"):
         old.unlink()  # a previous run's figures are not this run's
     clear_summaries(cfg.run_dir)
     config_path = write_config(child_config(cfg), cfg.run_dir / CONFIG_FILE)
-    sup = Supervisor(child_env(cfg, config_path), cfg.run_dir, cfg.max_restarts, log)
+    sup = Supervisor(child_env(cfg, config_path, env), cfg.run_dir, cfg.max_restarts, log)
     procs = sup.procs
 
     bus = wiring.build_bus(cfg.bus)  # create the topics before anyone subscribes; read lags from it

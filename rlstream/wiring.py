@@ -4,55 +4,41 @@ and never imports another role. Co-located and decoupled mode use the same build
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from actor.actor import Actor, ActorConfig
 from actor.envs import NonFiniteEnvError, env_dims
+from actor.identity import actor_seed
 from actor.policy_client import PolicySubscriber
+from config import BusConfig, PrepareConfig, TrainConfig
 from learner.learner import Learner, LearnerConfig
-from rlstream.config import BusConfig, TrainConfig
 from runtime.metrics import Metrics
-from streams.policies import open_blob_store
-from schemas.codec import Codec, SchemaTopic
 from schemas.events import SampleBatch
-from streams.bus import Bus, make_bus
-from streams.events import EventBus
-from streams.topics import LEARNER_GROUP, SAMPLES_PREPARED, SAMPLES_RAW, SCHEMAS, STREAMS_GROUP, all_topics
+from streams.bus import Bus, in_namespace, kafka_bus, open_bus
+from streams.events import EventBus, event_bus, schema_codec
+from streams.policies import BlobStore, open_blob_store
+from streams.settings import EFFECTIVE_CONFIG_FILE, StreamsSettings
+from streams.topics import LEARNER_GROUP, SAMPLES_PREPARED, SAMPLES_RAW, STREAMS_GROUP
 
 
-def build_bus(cfg: BusConfig) -> Bus:
-    """The bus of ``cfg`` in its namespace (roles use logical topic names), every topic created."""
-    if cfg.kind == "memory":
-        bus = make_bus("memory", path=cfg.log_dir)
-    elif cfg.kind == "kafka":
-        bus = make_bus("kafka", bootstrap=cfg.bootstrap)
-    else:
-        raise ValueError(f"unknown bus {cfg.kind!r}")
-    ns = cfg.topics()
-    if ns.name:
-        from streams.bus.namespaced import NamespacedBus
-
-        bus = NamespacedBus(bus, ns)
-    bus.create_topics(all_topics(cfg.partitions, cfg.retention))
-    return bus
-
-
-def build_events(bus: Bus, metrics: Metrics | None, publish_schemas: bool = True) -> EventBus:
-    codec = Codec(resolver=SchemaTopic(bus, SCHEMAS))
-    hook = skip = None
-    if metrics is not None:
-        hook, skip = metrics.count_dead_letter, metrics.count_skipped
-    events = EventBus(bus, codec, on_dead_letter=hook, on_skip=skip)
-    if publish_schemas:
-        SchemaTopic(bus, SCHEMAS).publish(codec.registry)
-    return events
+# Infrastructure of one setting comes from its own package; the roles below are assembled here.
+build_bus = open_bus
+build_events = event_bus
 
 
 def build_blob_store(cfg: TrainConfig):
     """The claim-check store of the run (None without Redis), behind the host blob cache."""
     return open_blob_store(cfg.redis(), cfg.blob_cache_dir())
+
+
+def blob_store_of(redis_url: str | None, cache: str | None):
+    """The claim-check store of a tool (``REDIS_URL``, ``RLSTREAM_BLOB_CACHE`` at its entry point)."""
+    from config.train import cache_dir_of
+
+    return open_blob_store(redis_url, cache_dir_of(cache))
 
 
 def build_algo(cfg: TrainConfig, obs_dim: int, act_dim: int, nvec: tuple[int, ...] = ()):
@@ -70,13 +56,13 @@ def build_algo(cfg: TrainConfig, obs_dim: int, act_dim: int, nvec: tuple[int, ..
 
 
 def group_size(cfg: TrainConfig) -> int:
-    """Envs per start-state group (0: none); the per-algorithm default is ``agents.defaults.ALGO_DEFAULTS``."""
+    """Envs per start-state group (0: none); the per-algorithm default is ``config.algos.ALGO_DEFAULTS``."""
     return cfg.group_size or 0
 
 
 def is_on_policy(algo: str) -> bool:
-    """Whether ``algo`` assumes fresh data (its row of ``agents.defaults.ALGO_DEFAULTS``)."""
-    from agents.defaults import algo_defaults
+    """Whether ``algo`` assumes fresh data (its row of ``config.algos.ALGO_DEFAULTS``)."""
+    from config.algos import algo_defaults
 
     return algo_defaults(algo).on_policy
 
@@ -122,16 +108,11 @@ def _inner_flow(cfg: TrainConfig, bus: Bus, metrics: Metrics | None, log=None):
 
     sizes = None
     if not cfg.fixed_fragments and not cfg.fragment_steps:
-        from learner.batch_size import BatchSizeController
+        from actor.fragment_size import FragmentSizeController
 
-        sizes = BatchSizeController()
+        sizes = FragmentSizeController()
     on_size = metrics.set_batch_size if metrics is not None else None
     return Backpressure(backlog, max_backlog=cfg.max_backlog, sizes=sizes, on_size=on_size)
-
-
-def actor_seed(run_seed: int, index: int) -> int:
-    """Base seed of actor ``index``'s env resets and action noise (``rlstream lineage`` reports it)."""
-    return run_seed * 7919 + index
 
 
 def build_actor(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, index: int,
@@ -172,16 +153,56 @@ def build_actor(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, ind
     return Actor(acfg, sub, events, on_batch=batch_hook, on_reject=on_reject, flow=flow)
 
 
-def build_prepare_worker(cfg: TrainConfig, events: EventBus, metrics: Metrics | None):
-    """The in-process shell of the stream processors (co-located mode; the Faust app is the
-    other shell of the same ``Prepare``)."""
+def build_prepare(cfg: PrepareConfig, blob_store: BlobStore | None, metrics: Metrics | None,
+                  actor_state=None):
+    """The stream processors (``Prepare``) of every shell: importance weights against any policy
+    version, claim-checked ones through ``blob_store``; ``actor_state``: the Faust shell's table."""
     from streams.processors.importance import PolicyLogpFn
     from streams.processors.pipeline import Prepare
+
+    return Prepare.from_config(cfg, PolicyLogpFn.factory(blob_store), metrics=metrics, actor_state=actor_state)
+
+
+def build_prepare_worker(cfg: TrainConfig, events: EventBus, metrics: Metrics | None):
+    """The in-process shell of the stream processors (co-located mode; ``build_streams_worker``
+    runs it as a process on Kafka, ``build_faust_app`` is the other shell of the same ``Prepare``)."""
     from streams.worker import PrepareWorker
 
-    blob = build_blob_store(cfg)  # claim-checked weights get IS too
-    prepare = Prepare.from_config(cfg.prepare_config(), PolicyLogpFn.factory(blob), metrics=metrics)
-    return PrepareWorker(events, prepare, metrics=metrics)
+    return PrepareWorker(events, build_prepare(cfg.prepare_config(), build_blob_store(cfg), metrics), metrics=metrics)
+
+
+def streams_bus(settings: StreamsSettings, client_id: str) -> Bus:
+    """A Kafka bus of a streams worker, in its namespace (no topic created)."""
+    bus = BusConfig(kind="kafka", bootstrap=settings.brokers, security=dict(settings.client_config))
+    return in_namespace(kafka_bus(bus, client_id), settings.namespace.name)
+
+
+def build_streams_worker(settings: StreamsSettings, metrics: Metrics | None = None):
+    """``python -m streams.worker``: the in-process shell as a process on Kafka, assembled as the
+    Faust worker is (claim-check store, schema-resolving codec). Returns the worker and its bus."""
+    from streams.worker import PrepareWorker
+
+    bus = streams_bus(settings, "rlstream-streams-worker")
+    blob = open_blob_store(settings.redis_url, settings.blob_cache)
+    events = build_events(bus, metrics, publish_schemas=False)
+    return PrepareWorker(events, build_prepare(settings.prepare, blob, metrics), metrics=metrics), bus
+
+
+def build_faust_app(settings: StreamsSettings, metrics: Metrics | None = None):
+    """The Faust shell (``streams.faust_app.StreamsApp``) of ``faust -A streams worker``: the same
+    processors, claim-check store and schema-resolving codec as the other shells. A worker started
+    from a run config records its effective settings in ``<run_dir>/streams.config.json``."""
+    from config.runfile import write_run_config
+    from streams.faust_app import StreamsApp
+
+    metrics = metrics if metrics is not None else Metrics(role="streams", gpu=False)
+    blob = open_blob_store(settings.redis_url, settings.blob_cache)
+    codec = schema_codec(streams_bus(settings, f"{settings.app_id}-schemas"))
+    app = StreamsApp(settings, metrics=metrics, codec=codec,
+                     make_prepare=lambda state: build_prepare(settings.prepare, blob, metrics, actor_state=state))
+    if settings.run_config is not None and settings.run_dir:
+        write_run_config(settings.effective(), Path(settings.run_dir) / EFFECTIVE_CONFIG_FILE)
+    return app
 
 
 def build_learner(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, algo, on_update=None,

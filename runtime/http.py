@@ -5,7 +5,7 @@ Usage at an entry point::
     health = HealthChecks(heartbeat_timeout_s=30)
     health.register("bus", lambda: (bus.connected, {"brokers": brokers}))
     health.register("policy", lambda: (actor.version is not None, {"version": actor.version}))
-    server = MetricsServer(metrics, health, port=metrics_port("actor")).start()
+    server = MetricsServer(metrics, health, port=metrics_port("actor", env)).start()
     try:
         while not stop.is_set():
             actor.step()

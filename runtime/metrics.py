@@ -95,15 +95,20 @@ BREAKER_CLOSED = 0
 BREAKER_OPEN = 1
 BREAKER_HALF_OPEN = 2
 
-#: Suggested ``reason`` values for ``count_drop`` (free-form strings are allowed,
-#: but keep the set small: every value is a series).
+#: The ``reason`` values ``count_drop`` is given (every value is a series): the processors'
+#: rejections (``streams.processors``), the codec's errors (``schemas.errors``), the learner's
+#: and the actor's. ``tests/ops/test_metrics.py`` checks each is emitted somewhere.
 DROP_REASONS: tuple[str, ...] = (
     "stale_versions",  # older than K policy versions
     "stale_ms",  # older than T ms
-    "duplicate",  # batch_id seen before
-    "reorder_overflow",  # reorder window full
-    "reorder_timeout",  # gap never filled
-    "decode_error",  # could not decode (also dead-lettered)
+    "duplicate",  # batch_id seen before (counted, not dead-lettered)
+    "late",  # a seq below the actor's next, not a duplicate
+    "seq_conflict",  # a seq already taken by another batch
+    "importance_unavailable",  # no log-prob function for the current policy
+    "processor_error",  # the pipeline raised on this batch
+    "corrupt", "unknown_schema", "wrong_type", "invalid", "schema_definition", "codec_error",  # decode
+    "incompatible",  # the learner cannot train on this batch (another env's shapes)
+    "env_nonfinite",  # an actor's env returned NaN/inf
 )
 
 _GPU_NAMES = (

@@ -162,3 +162,15 @@ def verdict(summary: dict[str, Any]) -> str:
 
 def _mean(xs: list[float]) -> float | None:
     return round(sum(xs) / len(xs), 2) if xs else None
+
+
+def quantiles_ms(values, qs=(0.5, 0.9, 0.99)) -> dict[str, Any]:
+    """Exact quantiles (ms) of latencies in seconds, for summaries and benchmarks."""
+    xs = sorted(values)
+    if not xs:
+        return {"count": 0}
+    out: dict[str, Any] = {"count": len(xs)}
+    for q in qs:
+        out[f"p{round(q * 100)}"] = round(xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3, 3)
+    out["max"] = round(xs[-1] * 1e3, 3)
+    return out

@@ -1,7 +1,8 @@
-"""Stream processing: topics, the bus, the processors, and the Faust app.
+"""Stream processing: topics, the bus, the processors, and the two processor shells.
 
-``faust -A streams worker`` imports this package and takes ``app``; the Faust app is built
-lazily so that co-located mode (which runs the same processors in-process) never imports Faust.
+``faust -A streams worker`` imports this package and takes ``app``: an entry point, so it is
+the one name here that reaches up, to the composition root (``rlstream.entry.faust_app``), and
+only when Faust asks for it. Co-located mode never imports Faust.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 def __getattr__(name: str):
     if name == "app":
-        from streams.faust_app import app
+        from rlstream.entry import faust_app  # entry hook (docs/architecture.md)
 
-        return app
+        return faust_app()
     raise AttributeError(f"module 'streams' has no attribute {name!r}")

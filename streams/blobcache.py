@@ -28,7 +28,6 @@ import logging
 import mmap
 import os
 import re
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -37,7 +36,6 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from runtime.ports import ENV_BLOB_CACHE
 from schemas.errors import InvalidEventError
 
 log = logging.getLogger(__name__)
@@ -50,23 +48,6 @@ Stream = Callable[[Callable[[memoryview], None]], None]
 
 class BlobCacheError(InvalidEventError, ValueError):
     """A fetched blob does not match its claim check (size or sha256), or the digest is not one."""
-
-
-def is_off(setting: str) -> bool:
-    """Whether a blob-cache setting (``RLSTREAM_BLOB_CACHE``, ``--blob-cache``) turns the cache off."""
-    return setting.strip().lower() in ("off", "none", "0")
-
-
-def default_cache_dir(env: dict | None = None) -> str | None:
-    """The host cache directory: ``RLSTREAM_BLOB_CACHE`` (``off``: None), else
-    ``/dev/shm/rlstream-blobs-<uid>`` (memory-backed) or the same under the temp directory."""
-    value = (os.environ if env is None else env).get(ENV_BLOB_CACHE, "").strip()
-    if is_off(value):
-        return None
-    if value:
-        return value
-    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-    return os.path.join(base, f"rlstream-blobs-{os.getuid()}")
 
 
 def new_buffer(size: int) -> np.ndarray:

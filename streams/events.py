@@ -147,3 +147,28 @@ class EventConsumer(Generic[E]):
 
     def close(self) -> None:
         self.raw.close()
+
+
+def schema_codec(bus: Bus) -> Codec:
+    """The codec of every process: it resolves a schema it does not know (a newer writer's) from
+    the schema topic on ``bus``."""
+    from schemas.codec import SchemaTopic
+    from streams.topics import SCHEMAS
+
+    return Codec(resolver=SchemaTopic(bus, SCHEMAS))
+
+
+def event_bus(bus: Bus, metrics: Any = None, publish_schemas: bool = True) -> EventBus:
+    """The ``EventBus`` of a process on ``bus``: the schema-resolving codec, dead letters and
+    skips counted in ``metrics`` (a ``runtime.metrics.Metrics``), this codec's schemas published."""
+    from schemas.codec import SchemaTopic
+    from streams.topics import SCHEMAS
+
+    codec = schema_codec(bus)
+    hook = skip = None
+    if metrics is not None:
+        hook, skip = metrics.count_dead_letter, metrics.count_skipped
+    events = EventBus(bus, codec, on_dead_letter=hook, on_skip=skip)
+    if publish_schemas:
+        SchemaTopic(bus, SCHEMAS).publish(codec.registry)
+    return events

@@ -11,7 +11,7 @@ driven by Faust over Kafka:
   to the end offsets it found on start (at most ``policy_catchup_s``), ``prepare-samples``
   waits, so no batch is judged against a policy older than the newest published. Weights are
   decoded lazily, only for the version a batch needs; claim-checked ones are fetched from the
-  Redis store ``REDIS_URL`` names (``streams.policies.blob_store_from_env``).
+  Redis store ``REDIS_URL`` names (``streams.policies.open_blob_store``).
 * agent ``prepare-samples`` on ``rl.samples.raw`` pushes each record through ``Prepare`` and
   sends PreparedBatch bytes to ``rl.samples.prepared`` (key actor_id) and DeadLetter bytes to
   ``rl.deadletter``, all encoded with ``schemas.codec``. Acks are manual: a record is acked
@@ -29,14 +29,11 @@ driven by Faust over Kafka:
 Exceptions while handling one record dead-letter it (``processor_error``); the agent goes on.
 A bad record of rl.policy.versions is skipped and counted instead (``skipped``,
 ``rlstream_skipped_total``): the learner owns its dead letter (``streams.topics.DEAD_LETTER_OWNERS``).
-Settings come from the environment once, here (``StreamsSettings.from_env``): ``KAFKA_BROKERS``
-(comma separated host:port), the Kafka security settings the bus reads
-(``streams.bus.kafka.kafka_client_config``), mapped to Faust credentials and aiokafka
-arguments, and the pipeline settings (``prepare_config_from_env``: ``RLSTREAM_ALGO``,
-``RLSTREAM_STALENESS_*``, ``RLSTREAM_POLICY_ID``) and the run namespace (``RLSTREAM_NAMESPACE``:
-its topics, and its ``STREAMS_GROUP`` as the app id; unset: the legacy unscoped names). With
-``RLSTREAM_CONFIG`` (set by ``rlstream train --mode decoupled``) they all come from that run
-config file instead (``StreamsSettings.from_run_config``).
+Settings are ``streams.settings.StreamsSettings`` (from the run config ``RLSTREAM_CONFIG`` names,
+or the environment), made once at the entry point; the app is assembled by
+``rlstream.wiring.build_faust_app`` (processors, claim-check store, codec that resolves schemas
+added after start, metrics). Importing this module builds nothing: ``faust -A streams worker``
+reaches the app through ``streams.app``, which asks the composition root for it.
 
 Several workers share ``rl.samples.raw`` by partition (the consumer group) and each follows
 every PolicyVersion. Per-actor reorder/dedup state lives in the Faust table ``actor-state``
@@ -48,27 +45,23 @@ record-level rules (decode, dead-letter, hold, emit) are ``streams.shell.ShellCo
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
-import os
 import ssl
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import faust
 
+from config.limits import MAX_MESSAGE_BYTES
 from schemas.codec import Codec
 from streams.bus.base import Record
 from streams.events import DeadLetters, EventBus
-from streams.policies import PolicyFollower, StartRule, blob_store_from_env
-from streams.processors.importance import PolicyLogpFn
-from streams.processors.pipeline import Prepare, PrepareConfig
-from streams.runconfig import read_run_config, write_run_config
+from streams.policies import PolicyFollower, StartRule
+from streams.processors.pipeline import Prepare
+from streams.settings import StreamsSettings
 from streams.shell import SEEK, TAKE, InOrderAcks, PolicyRecords, Send, ShellCore, policy_backlog, policy_starts
 from streams.topics import (
     DEADLETTER,
@@ -84,137 +77,15 @@ from streams.topics import (
 log = logging.getLogger(__name__)
 
 STAGE = "streams.faust"
-APP_ID = STREAMS_GROUP
-ENV_KAFKA_BROKERS = "KAFKA_BROKERS"
-ENV_NAMESPACE = "RLSTREAM_NAMESPACE"
-ENV_CONFIG = "RLSTREAM_CONFIG"
-#: The file in the run directory where a worker started from a run config records its settings.
-EFFECTIVE_CONFIG_FILE = "streams.config.json"
-DEFAULT_BROKERS = "127.0.0.1:9092"
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 #: ``send(topic, key, value, headers)`` -> awaitable that completes when the record is durable.
 SendFn = Callable[[str, bytes | None, bytes, dict[str, bytes]], Awaitable[Any]]
+#: ``make_prepare(actor_state)`` -> the worker's ``Prepare`` over the per-actor state table
+#: (``rlstream.wiring.build_prepare``: the one place the processors are assembled).
+PrepareFactory = Callable[[MutableMapping], Prepare]
 
 
-# --- settings -------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class StreamsSettings:
-    """Settings of the Faust streams worker (parsed once, from the environment)."""
-
-    brokers: str = DEFAULT_BROKERS
-    """Kafka bootstrap servers, comma separated host:port."""
-    app_id: str = APP_ID
-    """Faust app id (= consumer group): the namespace's ``STREAMS_GROUP``."""
-    namespace: Namespace = LEGACY
-    """Run namespace of the topics read and written (``RLSTREAM_NAMESPACE``)."""
-    topic_partitions: int = 1
-    """Partitions of topics Faust creates when they do not exist."""
-    web_port: int = 9102
-    """Port of the worker's web server (``/metrics``); ``faust worker --web-port`` overrides."""
-    tick_interval_s: float = 0.1
-    """How often reorder timeouts are checked."""
-    stats_interval_s: float = 30.0
-    """How often the processor stats are logged."""
-    prepare: PrepareConfig = field(default_factory=PrepareConfig)
-    """The pipeline settings."""
-    client_config: Mapping[str, str] = field(default_factory=dict)
-    """librdkafka-style security settings (security.protocol, sasl.*, ssl.*)."""
-    torch_threads: int = 1
-    """Intra-op threads for the IS forward pass (small MLPs are fastest on one; 0: torch's default)."""
-    commit_interval_s: float = 0.5
-    """How often acked offsets of rl.samples.raw are committed (the backlog others watch)."""
-    gap_check_s: float = 1.0
-    """How often each owned partition is checked for records the consumer dropped: nothing has
-    arrived for ``gap_stall_s`` although the partition's end is past the next offset expected."""
-    gap_stall_s: float = 3.0
-    policy_backlog: int | None = None
-    """PolicyVersion records read back from the end of each partition on start (None: the
-    staleness window's K + 1)."""
-    policy_catchup_s: float = 30.0
-    """Most seconds sample processing waits on start for the policy reader to catch up."""
-    raw_partitions: int | None = None
-    """Partitions of rl.samples.raw, which the per-actor state table's changelog must match
-    (None: asked of the broker when the app is built, ``raw_partitions_of``)."""
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "StreamsSettings":
-        """From the run config file named by ``RLSTREAM_CONFIG`` if set (``from_run_config``), else
-        from ``KAFKA_BROKERS``, ``RLSTREAM_NAMESPACE`` and ``prepare_config_from_env``."""
-        env = os.environ if env is None else env
-        try:
-            from runtime.ports import metrics_port
-
-            port = metrics_port("streams", env)
-        except ImportError:
-            port = 9102
-        if env.get(ENV_CONFIG, "").strip():
-            return cls.from_run_config(env[ENV_CONFIG].strip(), web_port=port)
-        brokers = env.get(ENV_KAFKA_BROKERS, "").strip() or DEFAULT_BROKERS
-        ns = Namespace(env.get(ENV_NAMESPACE, "").strip())
-        return cls(brokers=brokers, app_id=ns.group(APP_ID), namespace=ns, web_port=port,
-                   client_config=_bus_client_config(), prepare=prepare_config_from_env(env))
-
-    @classmethod
-    def from_run_config(cls, path: str, web_port: int = 9102) -> "StreamsSettings":
-        """The settings of a run config file (``streams.runconfig``): its bus, stream-processor
-        settings and torch threads. Records them in ``<run_dir>/streams.config.json``."""
-        cfg = read_run_config(path)
-        bus = cfg["bus"]
-        ns = Namespace(bus["namespace"])
-        prepare = (PrepareConfig(**cfg["streams"]) if cfg["streams"] is not None
-                   else PrepareConfig.for_algo(cfg["algo"], policy_id=cfg["policy_id"]))
-        settings = cls(brokers=bus["bootstrap"], app_id=ns.group(APP_ID), namespace=ns, web_port=web_port,
-                       topic_partitions=bus["partitions"], client_config=_bus_client_config(), prepare=prepare,
-                       torch_threads=cfg["torch_threads"] or 1)
-        effective = {k: v for k, v in dataclasses.asdict(settings).items() if k != "client_config"}  # secrets
-        write_run_config(json.loads(json.dumps(effective, default=str)), Path(cfg["run_dir"]) / EFFECTIVE_CONFIG_FILE)
-        return settings
-
-
-def prepare_config_from_env(env: Mapping[str, str]) -> PrepareConfig:
-    """``RLSTREAM_ALGO`` picks the algorithm's defaults; ``RLSTREAM_STALENESS_K`` / ``_MS`` /
-    ``_MODE`` override the window, ``RLSTREAM_REORDER_TIMEOUT_MS`` how long a sequence gap is
-    waited for, and ``RLSTREAM_POLICY_ID`` the policy followed (default ``policy``;
-    ``rlstream train --mode decoupled`` passes a run config file instead)."""
-    overrides: dict[str, Any] = {}
-    for var, key in (("RLSTREAM_REORDER_TIMEOUT_MS", "reorder_timeout_ms"), ("RLSTREAM_STALENESS_K", "max_versions"),
-                     ("RLSTREAM_STALENESS_MS", "max_ms")):
-        raw = env.get(var, "").strip()
-        if not raw:
-            continue
-        if key == "max_ms" and raw.lower() in ("none", "-1"):
-            overrides[key] = None
-            continue
-        try:
-            overrides[key] = int(raw)
-        except ValueError:
-            raise ValueError(f"{var} must be an integer, not {raw!r}") from None
-    mode = env.get("RLSTREAM_STALENESS_MODE", "").strip()
-    if mode:
-        if mode not in ("drop", "downweight"):
-            raise ValueError(f"RLSTREAM_STALENESS_MODE must be drop or downweight, not {mode!r}")
-        overrides["staleness_mode"] = mode
-    policy_id = env.get("RLSTREAM_POLICY_ID", "").strip()
-    if policy_id:
-        overrides["policy_id"] = policy_id
-    return PrepareConfig.for_algo(env.get("RLSTREAM_ALGO", "ppo").strip() or "ppo", **overrides)
-
-
-def _bus_client_config() -> dict[str, str]:
-    """The Kafka bus's security settings (``streams.bus.kafka.kafka_client_config``: the
-    ``RLSTREAM_KAFKA_*`` variables of the process environment), if the bus module is there."""
-    try:
-        from streams.bus.kafka import kafka_client_config
-    except ImportError:
-        return {}
-    try:
-        conf = dict(kafka_client_config())
-    except Exception as e:  # a bad security setting must be loud, not silently plaintext
-        raise RuntimeError(f"cannot read the Kafka client settings: {e}") from e
-    return {k: str(v) for k, v in conf.items() if k == "security.protocol" or k.startswith(("sasl.", "ssl."))}
-
+# --- Kafka client settings ---------------------------------------------------------------
 
 def broker_urls(brokers: str) -> list[str]:
     hosts = [h.strip() for h in brokers.split(",") if h.strip()]
@@ -337,17 +208,25 @@ class TableState(MutableMapping):
 
 
 class StreamsApp:
-    """The Faust app with its agents around one ``Prepare``. ``app`` is what Faust runs."""
+    """The Faust app with its agents around one ``Prepare``. ``app`` is what Faust runs.
+
+    Built by the composition root (``rlstream.wiring.build_faust_app``), which gives it the
+    ``Prepare`` (or ``make_prepare``, to build one over the app's per-actor state table), the codec
+    and the metrics; constructing it touches neither the network nor the disk unless
+    ``settings.raw_partitions`` is unknown (then the broker is asked)."""
 
     def __init__(self, settings: StreamsSettings, prepare: Prepare | None = None, metrics: Any = None,
-                 codec: Codec | None = None, policy_records: PolicyRecords | None = None) -> None:
+                 codec: Codec | None = None, policy_records: PolicyRecords | None = None,
+                 make_prepare: PrepareFactory | None = None) -> None:
+        if prepare is None and make_prepare is None:
+            raise ValueError("StreamsApp needs a Prepare or a make_prepare factory")
         self.settings = settings
         if settings.torch_threads > 0:
             import torch
 
             torch.set_num_threads(settings.torch_threads)
         self.codec = codec or Codec()
-        self.metrics = metrics if metrics is not None else _make_metrics()
+        self.metrics = metrics
         self.app = faust.App(
             settings.app_id,
             broker=broker_urls(settings.brokers),
@@ -376,8 +255,7 @@ class StreamsApp:
             partitions = settings.raw_partitions or raw_partitions_of(settings)
             self.actor_state = TableState(self.app.Table(
                 "actor-state", partitions=partitions, help="per-actor reorder and dedup state (JSON)"))
-            prepare = Prepare.from_config(settings.prepare, PolicyLogpFn.factory(blob_store_from_env()),
-                                          metrics=self.metrics, actor_state=self.actor_state)
+            prepare = make_prepare(self.actor_state)
         self.send: SendFn = self._kafka_send
         hooks = (self.metrics.count_dead_letter, self.metrics.count_skipped) if self.metrics is not None else (None, None)
         self.core = ShellCore(prepare, DeadLetters(None, self.codec, hooks[0], on_skip=hooks[1]), STAGE,
@@ -663,12 +541,11 @@ class StreamsApp:
         and ``<run-dir>/<process>.summary.json`` when the run directory is set (``streams``
         unless the supervisor named this worker otherwise: ``ENV_PROCESS``)."""
         from runtime import roles
-        from runtime.ports import ENV_PROCESS, ENV_RUN_DIR
 
         out = sys.__stdout__ or sys.stdout
         try:
-            if os.environ.get(ENV_RUN_DIR):
-                roles.write_summary(os.environ[ENV_RUN_DIR], os.environ.get(ENV_PROCESS) or "streams", self.summary())
+            if self.settings.run_dir:
+                roles.write_summary(self.settings.run_dir, self.settings.process_name, self.summary())
             out.write(json.dumps({"summary": self.summary()}, sort_keys=True, default=str) + "\n")
             out.flush()
         except Exception:
@@ -709,21 +586,4 @@ class StreamsApp:
         return len(sends)
 
 
-def _make_metrics() -> Any:
-    """The role's Prometheus metrics, if ``runtime.metrics`` is available (else None)."""
-    try:
-        from runtime.metrics import Metrics
-    except ImportError:
-        return None
-    return Metrics(role="streams", gpu=False)
-
-
-def build_app(settings: StreamsSettings | None = None, **kwargs: Any) -> StreamsApp:
-    return StreamsApp(settings or StreamsSettings.from_env(), **kwargs)
-
-
-streams_app = build_app()
-app = streams_app.app
-
-__all__ = ["StreamsApp", "StreamsSettings", "app", "broker_urls", "build_app", "faust_credentials",
-           "streams_app"]
+__all__ = ["StreamsApp", "StreamsSettings", "broker_urls", "faust_credentials"]

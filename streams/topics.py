@@ -5,6 +5,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
+from config.bus import DAY_MS, Retention
+from config.limits import MAX_MESSAGE_BYTES
+
 
 @dataclass(frozen=True)
 class TopicSpec:
@@ -50,11 +53,10 @@ STREAMS_GROUP = "rlstream-streams"
 #: Consumer group of the learner on rl.samples.prepared.
 LEARNER_GROUP = "learner"
 
-DAY_MS = 24 * 3600 * 1000
 #: Retention by topic when this process creates it (``retention.ms``; -1 keeps forever).
 #: Policy versions, gradient steps, preferences and dead letters are the run's record (replay,
 #: rollback, offline DPO, audits): kept. Samples are bulk and re-derivable: 30 days, as the
-#: deployment guide keeps training logs. Overrides: ``RLSTREAM_RETENTION`` (``parse_retention``).
+#: deployment guide keeps training logs. Overrides: ``RLSTREAM_RETENTION`` (``config.bus.parse_retention``).
 RETENTION_MS: dict[str, int] = {
     POLICY_VERSIONS: -1,
     SAMPLES_RAW: 30 * DAY_MS,
@@ -65,19 +67,8 @@ RETENTION_MS: dict[str, int] = {
 }
 
 
-@dataclass(frozen=True)
-class Retention:
-    """Kafka's ``retention.ms`` and ``retention.bytes`` (per partition) of one topic; -1: unbounded."""
-
-    ms: int = -1
-    bytes: int = -1
-
-    def config(self) -> dict[str, str]:
-        return {"retention.ms": str(self.ms), "retention.bytes": str(self.bytes)}
-
-
 def _spec(name: str, key: str) -> TopicSpec:
-    return TopicSpec(name, key=key, config={"max.message.bytes": "16777216",
+    return TopicSpec(name, key=key, config={"max.message.bytes": str(MAX_MESSAGE_BYTES),
                                             **Retention(RETENTION_MS[name]).config()})
 
 
@@ -97,39 +88,12 @@ TOPICS: dict[str, TopicSpec] = {
     )
 }
 
-_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": DAY_MS}
-_UNITS_BYTES = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_retention(text: str) -> dict[str, Retention]:
-    """``"rl.samples.raw=7d,rl.samples.prepared=30d/50g,rl.preferences=forever"`` -> per-topic
-    ``Retention``: a time (``ms``/``s``/``m``/``h``/``d`` suffix, ``forever`` or -1), optionally
-    ``/`` a size per partition (``k``/``m``/``g``/``t`` suffix, powers of 1024). Raises ValueError
-    naming what is wrong."""
-    out: dict[str, Retention] = {}
-    for item in filter(None, (p.strip() for p in text.split(","))):
-        topic, sep, value = item.partition("=")
-        if not sep or topic.strip() not in RETENTION_MS:
-            raise ValueError(f"retention {item!r}: expected TOPIC=TIME[/SIZE] with TOPIC one of "
-                             f"{sorted(RETENTION_MS)}")
-        when, _, size = value.strip().partition("/")
-        out[topic.strip()] = Retention(_amount(when, _UNITS_MS, item), _amount(size or "-1", _UNITS_BYTES, item))
-    return out
-
-
-def _amount(text: str, units: dict[str, int], item: str) -> int:
-    text = text.strip().lower()
-    if text in ("forever", "-1"):
-        return -1
-    m = re.fullmatch(r"(\d+)\s*([a-z]*)", text)
-    if m is None or m[2] not in units:
-        raise ValueError(f"retention {item!r}: cannot read {text!r} (units: {', '.join(u for u in units if u)})")
-    return int(m[1]) * units[m[2]]
-
-
 def all_topics(partitions: int | None = None, retention: dict[str, Retention] | None = None) -> list[TopicSpec]:
     """Every topic; ``partitions`` overrides the count of the keyed data topics, ``retention``
     the retention of the topics it names (applied when the topics are created)."""
+    unknown = sorted(set(retention or ()) - set(RETENTION_MS))
+    if unknown:
+        raise ValueError(f"retention of {unknown}: only these topics take one: {sorted(RETENTION_MS)}")
     specs = []
     for t in TOPICS.values():
         if partitions is not None and t.name in (SAMPLES_RAW, SAMPLES_PREPARED):

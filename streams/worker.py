@@ -6,7 +6,9 @@
 
 Each ``step``: read new PolicyVersions (an ephemeral reader: every worker sees every version,
 starting K + 1 records of its policy back from the end, ``streams.policies.StartRule.back``),
-poll raw SampleBatches, hand each to the shell core (``streams.shell.ShellCore``: decode,
+poll raw SampleBatches (not before the policy reader has reached the end offsets it found on
+start, for at most ``policy_catchup_s``, as the Faust shell waits: no batch is judged against
+a policy older than the newest published), hand each to the shell core (``streams.shell.ShellCore``: decode,
 dead-letter, hold, prepare, emit), write what it returns through the ``EventBus``'s bus, flush, then commit.
 
 Commits never pass a batch still held in the reorder buffer: the committed offset of a
@@ -20,6 +22,7 @@ where the other stopped. A bad record of rl.policy.versions is skipped and count
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from schemas.events import PolicyVersion, SampleBatch
@@ -45,11 +48,13 @@ class PrepareWorker:
         policy_backlog: how many PolicyVersions back from the end to start reading
             (default: the staleness window's K + 1).
         policy_records: the policy-record map of the core (default ``PolicyRecords()``).
+        policy_catchup_s: most seconds raw samples wait on start for the policy reader to reach
+            the end offsets of rl.policy.versions it found.
     """
 
     def __init__(self, events: EventBus, prepare: Prepare, group: str = STREAMS_GROUP, *,
                  max_records: int = 256, metrics: Any = None, policy_backlog: int | None = None,
-                 policy_records: PolicyRecords | None = None) -> None:
+                 policy_records: PolicyRecords | None = None, policy_catchup_s: float = 30.0) -> None:
         self.events = events
         self.prepare = prepare
         self.group = group
@@ -62,6 +67,10 @@ class PrepareWorker:
         start = PolicyFollower(events, prepare.policy_id, rule, stage=STAGE).start_offsets()
         self.policies: EventConsumer = events.consumer(None, [POLICY_VERSIONS], stage=STAGE,
                                                        expect=PolicyVersion, start=start or "earliest")
+        begin = {p: o for (_, p), o in (start or {}).items()}
+        self._catchup = {p: end for p, end in events.bus.end_offsets(POLICY_VERSIONS).items()
+                         if end > begin.get(p, 0)}  # partition -> end offset still to be read
+        self._catchup_until = time.monotonic() + policy_catchup_s
         self._polled: dict[int, int] = {}  # partition -> next offset after the last polled record
         self._committed: dict[int, int] = {}
 
@@ -74,6 +83,10 @@ class PrepareWorker:
     def step(self, timeout: float = 0.1) -> int:
         """One round; returns how much work it did (records read + outputs), 0 when idle."""
         work = self._read_policies()
+        if self._catchup:
+            if time.monotonic() < self._catchup_until:
+                return work + self._read_policies(timeout)
+            self._catchup = {}  # waited long enough: samples go on against what is known
         records = self.samples.raw.poll(timeout if not work else 0.0, self.max_records)
         for rec in records:
             work += 1
@@ -89,12 +102,15 @@ class PrepareWorker:
                 pass
         return work
 
-    def _read_policies(self) -> int:
+    def _read_policies(self, timeout: float = 0.0) -> int:
         n = 0
-        while recs := self.policies.raw.poll(0.0, 64):
+        while recs := self.policies.raw.poll(timeout, 64):
+            timeout = 0.0
             for rec in recs:
                 n += 1
                 self._deliver(self.core.on_policy(rec))
+                if self._catchup.get(rec.partition, 0) <= rec.offset + 1:
+                    self._catchup.pop(rec.partition, None)
         return n
 
     def _deliver(self, sends: list[Send]) -> int:
@@ -146,37 +162,7 @@ class PrepareWorker:
                 pass
 
 
-def main(env: dict[str, str] | None = None) -> int:
-    """``python -m streams.worker``: the in-process shell as a process on Kafka, configured from
-    the environment exactly like the Faust worker (``KAFKA_BROKERS``, ``RLSTREAM_NAMESPACE``,
-    ``prepare_config_from_env``). Runs until SIGTERM/SIGINT, then prints one
-    ``{"summary": ...}`` line."""
-    import json
-    import os
-    import signal
+if __name__ == "__main__":  # an entry point: the composition root assembles the process
+    from rlstream.entry import streams_worker
 
-    from schemas.codec import Codec
-    from streams.bus.kafka import KafkaBus
-    from streams.bus.namespaced import NamespacedBus
-    from streams.faust_app import StreamsSettings
-    from streams.processors.importance import PolicyLogpFn
-
-    settings = StreamsSettings.from_env(os.environ if env is None else env)
-    bus = KafkaBus(settings.brokers, client_id="rlstream-streams-worker")
-    if settings.namespace.name:
-        bus = NamespacedBus(bus, settings.namespace)
-    prepare = Prepare.from_config(settings.prepare, PolicyLogpFn.from_policy_version)
-    worker = PrepareWorker(EventBus(bus, Codec()), prepare)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        worker.run(stop)
-    finally:
-        bus.close()
-    print(json.dumps({"summary": worker.core.summary()}, sort_keys=True, default=str), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(streams_worker())

@@ -6,31 +6,42 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("runtime", "schemas", "agents", "streams", "actor", "learner", "rlstream", "logtools", "localkafka")
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
-#: what each package may import besides itself (docs/architecture.md, "Packages, bottom up")
-MAY_IMPORT = {
-    "runtime": set(),
-    "localkafka": set(),
-    "schemas": set(),
-    "agents": set(),
-    "streams": {"runtime", "schemas", "agents"},
-    "actor": {"runtime", "schemas", "streams", "agents"},
-    "learner": {"runtime", "schemas", "streams", "agents"},
-    "logtools": {"runtime", "schemas", "streams", "agents", "actor", "learner", "rlstream"},
-    "rlstream": set(PACKAGES),
-}
+
+def _layers() -> dict[str, set[str]]:
+    """Package -> the packages it may import, read from the table of docs/architecture.md
+    ("| `pkg/` | what it holds | `a`, `b` |"; "nothing of ours" or "everything")."""
+    table = ARCHITECTURE.read_text().split("## Packages, bottom up", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| `")]
+    order = [cells[0].strip().strip("`/") for cells in rows]
+    out: dict[str, set[str]] = {}
+    for pkg, cells in zip(order, rows):
+        may = cells[-1]
+        out[pkg] = set(order) - {pkg} if "everything" in may else set(re.findall(r"`([a-z_]+)`", may))
+        below = set(order[: order.index(pkg)])
+        assert out[pkg] <= below, f"docs/architecture.md: {pkg} may import {sorted(out[pkg] - below)}, listed above it"
+    return out
+
+
+MAY_IMPORT = _layers()
+PACKAGES = tuple(MAY_IMPORT)
+
+#: Entry hooks: a package's name that an outside program resolves reaches the composition root
+#: (docs/architecture.md): ``faust -A streams worker`` takes ``streams.app``. Nothing else may
+#: point upward (a module's ``if __name__ == "__main__":`` block is an entry point and not counted).
+ENTRY_HOOKS: set[tuple[str, str]] = {("streams", "rlstream.entry")}
 
 #: the policy layer: below every role, above the bus
 POLICY_LAYER = "streams.policies"
-POLICY_LAYER_MAY_IMPORT = ("schemas", "agents", "streams.bus", "streams.topics", "streams.events", "streams.blobcache")
-
-#: upward imports still known (module -> imported prefix), each to be removed by its owner;
-#: docs/architecture.md names them. Nothing else may point upward.
-KNOWN_UPWARD: set[tuple[str, str]] = set()
+POLICY_LAYER_MAY_IMPORT = ("config", "schemas", "agents", "streams.bus", "streams.topics", "streams.events",
+                           "streams.blobcache")
 
 
 def _modules() -> dict[str, Path]:
@@ -54,7 +65,11 @@ def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """First-party modules ``module`` imports, at module level or lazily."""
     is_pkg = path.name == "__init__.py"
     out = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if _is_main_block(node):
+            node.body = []  # an entry point's own imports
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -73,6 +88,12 @@ def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return out
 
 
+def _is_main_block(node: ast.AST) -> bool:
+    return (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+            and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"
+            and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in node.test.comparators))
+
+
 @functools.cache
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
@@ -87,7 +108,7 @@ def test_no_package_imports_one_above_it():
             tpkg = t.split(".")[0]
             if tpkg == pkg or tpkg in MAY_IMPORT[pkg]:
                 continue
-            if any(mod == m and (t == p or t.startswith(p + ".")) for m, p in KNOWN_UPWARD):
+            if (mod, t) in ENTRY_HOOKS:
                 continue
             bad.append(f"{mod} -> {t}")
     assert not bad, "upward imports: " + ", ".join(sorted(bad))
@@ -159,3 +180,63 @@ def test_the_checks_see_what_they_forbid():
     modules = _modules()
     assert "rlstream.wiring" in _graph()["rlstream.colocated"]
     assert _imports("learner.x", ROOT / "learner" / "learner.py", modules) >= {"streams.policies", "agents.core"}
+    assert MAY_IMPORT["config"] == set() and "config" in MAY_IMPORT["agents"]
+    assert "rlstream.entry" in _graph()["streams"]  # the one entry hook is seen, and allowed by name
+
+
+def test_no_package_imports_the_composition_root():
+    """Only ``rlstream`` imports ``rlstream`` (the tools sit below it), the entry hook aside."""
+    bad = [f"{m} -> {t}" for m, targets in _graph().items() for t in targets
+           if t.split(".")[0] == "rlstream" and m.split(".")[0] != "rlstream" and (m, t) not in ENTRY_HOOKS]
+    assert not bad, bad
+
+
+def _environ_reads(path: Path) -> list[int]:
+    """Lines of ``path`` that touch the process environment (``os.environ``, ``os.getenv``,
+    ``os.putenv``, ``from os import environ``)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr in ("environ", "environb", "getenv", "putenv", "unsetenv"):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "os" and any(
+                a.name in ("environ", "getenv", "environb") for a in node.names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_config_reads_the_environment():
+    """``config.env.Environment`` is the one reader; everything else gets typed values passed down."""
+    bad = []
+    for pkg in (*PACKAGES, "bench"):
+        for path in (ROOT / pkg).rglob("*.py"):
+            if pkg == "config":
+                continue
+            bad += [f"{path.relative_to(ROOT)}:{n}" for n in _environ_reads(path)]
+    assert not bad, "environment read outside config/: " + ", ".join(bad)
+    assert _environ_reads(ROOT / "config" / "env.py"), "the checker sees config's own read"
+
+
+def test_importing_the_faust_app_touches_neither_network_nor_disk(tmp_path):
+    """``import streams.faust_app`` (and the rest of the streams package) opens no socket and
+    writes no file, with an unreachable broker configured; an audit hook records any try."""
+    probe = (
+        "import sys\n"
+        "seen = []\n"
+        "def hook(event, args):\n"
+        "    if event == 'socket.connect' or (event == 'open' and len(args) > 1 and args[1] and\n"
+        "            any(c in str(args[1]) for c in 'wax+')):\n"
+        "        seen.append((event, str(args[0])[:200]))\n"
+        "sys.addaudithook(hook)\n"
+        "import streams.faust_app, streams.worker, streams.settings\n"
+        "assert not hasattr(streams.faust_app, 'app'), 'an app was built at import'\n"
+        "print(repr(seen))\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path), "KAFKA_BROKERS": "127.0.0.1:1",
+           "RLSTREAM_CONFIG": str(tmp_path / "missing.json"), "PYTHONDONTWRITEBYTECODE": "1"}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = [e for e in ast.literal_eval(out.stdout.strip().splitlines()[-1])
+            if not e[1].startswith(("/dev/", "/proc/", "/sys/"))]  # library probes of the machine
+    assert seen == [], seen
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())

@@ -22,12 +22,13 @@ from typing import Any
 from learner.learner import Learner, LearnerConfig
 from learner.provenance import stamp
 from learner.snapshots import open_store
-from rlstream import wiring
-from rlstream.config import BusConfig
+from config import BusConfig
 from streams.policies import arch_of, publish_policy_version
 from logtools.timetravel.record import Recorded
 from logtools.timetravel.verify import Replay, build_from_provenance, format_report, recorded_threads
 from schemas.events import now_ms
+from streams.bus import open_bus
+from streams.events import event_bus
 from streams.topics import SAMPLES_PREPARED
 
 
@@ -85,8 +86,8 @@ def fork(parent: Recorded, version: int, out: Path, *, overrides: dict[str, Any]
     env_id = first[1].sample.env_id if first else ""
 
     out.mkdir(parents=True, exist_ok=True)
-    bus = wiring.build_bus(BusConfig(kind="memory", log_dir=str(out / "log")))
-    events = wiring.build_events(bus, None)
+    bus = open_bus(BusConfig(kind="memory", log_dir=str(out / "log")))
+    events = event_bus(bus)
     store = open_store(str(out / "snapshots"))
     trained = [bid for _, s in parent.steps if s.to_version <= version for bid in s.batch_ids]
     meta = {"updates": len(report.checked) - 1, "algo": prov["algo"], "arch": arch_of(algo.policy),

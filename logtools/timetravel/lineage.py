@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from logtools.timetravel.record import Recorded, RunNotFound, dead_letter_batch_id, load
-from rlstream.wiring import actor_seed
+from actor.identity import actor_seed
 
 
 class LineageError(ValueError):

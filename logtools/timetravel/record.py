@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from learner.provenance import parse_provenance
-from rlstream.config import BusConfig
+from config import BusConfig
 from schemas.codec import Codec, SchemaTopic
 from schemas.errors import CodecError
 from schemas.events import DeadLetter, GradientStep, PolicyVersion, PreparedBatch, SampleBatch
 from streams.bus import Bus, make_bus
 from streams.bus.base import Record
-from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW, SCHEMAS
+from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW, SCHEMAS, Namespace
 
 
 class RunNotFound(ValueError):
@@ -73,12 +73,12 @@ def open_bus(run: str | Path | None, bus: BusConfig | None = None) -> tuple[Bus,
         return make_bus("memory", path=str(log)), str(path.resolve())  # a fork records it: absolute
     if bus is None or bus.kind != "kafka":
         raise RunNotFound("give a run directory, or --bus kafka for a decoupled run")
-    kafka = make_bus("kafka", bootstrap=bus.bootstrap)
+    kafka = make_bus("kafka", bootstrap=bus.bootstrap, config=dict(bus.security))
     if not bus.namespace:
         return kafka, f"kafka://{bus.bootstrap}"
     from streams.bus.namespaced import NamespacedBus
 
-    return NamespacedBus(kafka, bus.topics()), f"kafka://{bus.bootstrap}/{bus.namespace}"
+    return NamespacedBus(kafka, Namespace(bus.namespace)), f"kafka://{bus.bootstrap}/{bus.namespace}"
 
 
 def _decode_all(bus: Bus, codec: Codec, topic: str, cls: type, bad: list) -> list[tuple[Record, Any]]:

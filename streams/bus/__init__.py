@@ -1,10 +1,13 @@
-"""The bus interface and its backends; ``make_bus`` is the one place a backend is chosen."""
+"""The bus interface and its backends; ``make_bus`` is the one place a backend is chosen, and
+``open_bus`` the bus of a ``config.BusConfig`` (backend, namespace, security, topics created)."""
 
 from __future__ import annotations
 
+from config.bus import BusConfig
 from streams.bus.base import Bus, BusError, Consumer, Record, RecordTooLargeError, StartAt
 
-__all__ = ["Bus", "BusError", "Consumer", "Record", "RecordTooLargeError", "StartAt", "make_bus"]
+__all__ = ["Bus", "BusError", "Consumer", "Record", "RecordTooLargeError", "StartAt", "kafka_bus", "make_bus",
+           "in_namespace", "open_bus"]
 
 
 def make_bus(kind: str = "memory", **options) -> Bus:
@@ -18,3 +21,36 @@ def make_bus(kind: str = "memory", **options) -> Bus:
 
         return KafkaBus(**options)
     raise ValueError(f"unknown bus {kind!r}: use 'memory' or 'kafka'")
+
+
+def kafka_bus(cfg: BusConfig, client_id: str = "rlstream") -> Bus:
+    """A Kafka bus on ``cfg``'s brokers with its client security settings (not namespaced)."""
+    return make_bus("kafka", bootstrap=cfg.bootstrap, config=dict(cfg.security), client_id=client_id)
+
+
+def in_namespace(bus: Bus, namespace: str) -> Bus:
+    """``bus`` under run namespace ``namespace`` ("": as it is, the legacy names)."""
+    from streams.topics import Namespace
+
+    ns = Namespace(namespace)
+    if not ns.name:
+        return bus
+    from streams.bus.namespaced import NamespacedBus
+
+    return NamespacedBus(bus, ns)
+
+
+def open_bus(cfg: BusConfig) -> Bus:
+    """The bus of ``cfg`` in its namespace (roles use logical topic names), every topic created."""
+    from streams.topics import all_topics
+
+    specs = all_topics(cfg.partitions, cfg.retention)  # refuses a retention of an unknown topic
+    if cfg.kind == "memory":
+        bus = make_bus("memory", path=cfg.log_dir)
+    elif cfg.kind == "kafka":
+        bus = kafka_bus(cfg)
+    else:
+        raise ValueError(f"unknown bus {cfg.kind!r}")
+    bus = in_namespace(bus, cfg.namespace)
+    bus.create_topics(specs)
+    return bus

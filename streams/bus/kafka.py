@@ -1,6 +1,6 @@
 """Kafka bus: the ``Bus`` interface on confluent-kafka (librdkafka), same semantics as memory.
 
-    bus = KafkaBus()                                   # env KAFKA_BROKERS or 127.0.0.1:9092
+    bus = KafkaBus("127.0.0.1:9092")
     bus.create_topics(all_topics())
     bus.produce(SAMPLES_RAW, value, key=b"actor-0")
     bus.flush()                                        # raises BusError if any delivery failed
@@ -42,15 +42,14 @@ How the memory semantics (``streams.bus.base``) map onto Kafka:
   a unique throw-away ``group.id``.
 - explicit and ``seek`` offsets are clamped into [low, high] watermark, as memory clamps.
 
-Client settings: ``config`` goes to every client (producer, consumer, admin), merged over the
-security settings from the environment (``kafka_client_config``); ``producer_config`` and
-``consumer_config`` go to one role only.
+Client settings: ``config`` goes to every client (producer, consumer, admin): the security
+settings (``config.BusConfig.security``, from ``RLSTREAM_KAFKA_*`` at the entry point) and any
+other; ``producer_config`` and ``consumer_config`` go to one role only.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 import time
@@ -66,6 +65,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, NewTopic
+
+from config.limits import DEFAULT_BOOTSTRAP, MAX_MESSAGE_BYTES
 
 from streams.bus.base import (
     TP,
@@ -160,12 +161,6 @@ class _RdLogger:
 
 _RD_LOGGER = _RdLogger()
 
-DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # matches localkafka.broker's message.max.bytes
-ENV_PREFIX = "RLSTREAM_KAFKA_"
-# Only these settings pass from the environment: the rest of RLSTREAM_KAFKA_* belongs to others
-# (RLSTREAM_KAFKA_VERSION, RLSTREAM_KAFKA_JAVA_OPTS are the local broker's).
-
 PRODUCER_DEFAULTS: dict[str, Any] = {
     "enable.idempotence": True,
     "acks": "all",
@@ -194,25 +189,6 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
 }
 
 _TIMEOUT = 10.0  # seconds, for metadata / offset / commit requests
-
-
-def kafka_client_config(extra: dict | None = None) -> dict:
-    """librdkafka security settings from the environment, with ``extra`` on top.
-
-    ``RLSTREAM_KAFKA_SECURITY_PROTOCOL=SASL_SSL`` becomes ``security.protocol``,
-    ``RLSTREAM_KAFKA_SASL_MECHANISM`` ``sasl.mechanism``, ``RLSTREAM_KAFKA_SSL_CA_LOCATION``
-    ``ssl.ca.location``: underscores become dots; only ``security.protocol``, ``sasl.*`` and
-    ``ssl.*`` pass. Every key of ``extra`` passes (it wins over the environment).
-    """
-    out: dict[str, Any] = {}
-    for name, value in os.environ.items():
-        if not name.startswith(ENV_PREFIX):
-            continue
-        key = name[len(ENV_PREFIX):].lower().replace("_", ".")
-        if key == "security.protocol" or key.startswith(("sasl.", "ssl.")):
-            out[key] = value
-    out.update(extra or {})
-    return out
 
 
 def _err(e: BaseException) -> KafkaError | None:
@@ -325,14 +301,14 @@ class KafkaBus(Bus):
         met in produce/consume that does not exist (its ``streams.topics`` spec, else 1
         partition), as memory does; ``produce_timeout`` bounds waiting on a full local queue;
         ``outage_wait``: how much longer ``flush`` waits while the broker is unreachable."""
-        self.bootstrap = bootstrap or os.environ.get("KAFKA_BROKERS") or DEFAULT_BOOTSTRAP
+        self.bootstrap = bootstrap or DEFAULT_BOOTSTRAP
         self.client_id = client_id
         self.auto_create = auto_create
         self.replication_factor = replication_factor
         self.produce_timeout = produce_timeout
         self.outage_wait = outage_wait
         self.common = {"bootstrap.servers": self.bootstrap, "client.id": client_id, "logger": _RD_LOGGER,
-                       **kafka_client_config(config)}
+                       **(config or {})}
         self.consumer_config = {**CONSUMER_DEFAULTS, **self.common, **(consumer_config or {})}
         pconf = {**PRODUCER_DEFAULTS, **self.common, **(producer_config or {})}
         self.producer_config = dict(pconf)  # effective settings, for reports

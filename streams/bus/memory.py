@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from config.limits import MAX_MESSAGE_BYTES
 from streams.bus.filelog import FileLog
 from streams.bus.base import (
     TP,
@@ -31,7 +32,7 @@ from streams.bus.base import (
 )
 from streams.topics import TOPICS, TopicSpec
 
-DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES
 
 
 def partition_for(key: bytes | None, partitions: int, counter: itertools.count) -> int:

@@ -12,9 +12,9 @@ from actor.envs import make_vector_env
 from actor.flow import Backpressure, LearnerGate, OnPolicySync
 from actor.policy_client import PolicySubscriber
 from agents.networks import Policy
-from learner.batch_size import BatchSizeController
+from actor.fragment_size import FragmentSizeController
 from rlstream import wiring
-from rlstream.config import TrainConfig
+from config import TrainConfig
 from runtime.metrics import Metrics
 from streams.policies import make_policy_version
 from schemas.codec import Codec
@@ -98,7 +98,7 @@ def test_build_flow_follows_the_algorithm():
                              None).inner.max_batches_per_version == 3
     agro = wiring.build_flow(TrainConfig(algo="agro", max_backlog=16), bus, None).inner
     assert isinstance(agro, Backpressure) and agro.max_backlog == 16
-    assert isinstance(agro.sizes, BatchSizeController) and agro.fragment_steps(2048) == 32
+    assert isinstance(agro.sizes, FragmentSizeController) and agro.fragment_steps(2048) == 32
     fixed = wiring.build_flow(TrainConfig(algo="tba", fragment_steps=100), bus, None).inner
     assert fixed.sizes is None and fixed.fragment_steps(100) == 100
 
@@ -151,7 +151,7 @@ def test_dynamic_fragment_length_grows_under_backlog_and_shrinks_when_drained(ev
         sizes.append(n)
 
     flow = Backpressure(lambda: bus.group_lag(STREAMS_GROUP, SAMPLES_RAW), max_backlog=10_000, check_every_s=0.0,
-                        sizes=BatchSizeController(patience=2, cooldown=2, smoothing=0.5), on_size=on_size,
+                        sizes=FragmentSizeController(patience=2, cooldown=2, smoothing=0.5), on_size=on_size,
                         poll_s=0.01)
     actor = make_actor(events, flow)
     slow = bus.consumer(STREAMS_GROUP, [SAMPLES_RAW])  # the stream processors, stalled

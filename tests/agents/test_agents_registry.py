@@ -3,10 +3,10 @@ import copy
 import pytest
 import torch
 
-from agents.defaults import ALGO_DEFAULTS
+from config.algos import ALGO_DEFAULTS
 from agents.dpo import PreferenceBatch
 from agents.registry import ALGORITHMS, make_algorithm, make_config, make_policy
-from streams.processors.pipeline import PrepareConfig
+from config import PrepareConfig
 
 EXPECTED = {"ppo": True, "grpo": True, "dapo": True, "agro": False, "tba": False, "dpo": False}
 

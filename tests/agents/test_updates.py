@@ -17,7 +17,7 @@ from agents.dpo import DPO, DPOConfig, PreferenceBatch, segment_log_prob
 from agents.grpo import GRPO, GRPOConfig
 from agents.ppo import PPO, PPOConfig
 from streams.processors.importance import ImportanceWeights
-from streams.processors.pipeline import PrepareConfig
+from config import PrepareConfig
 
 OBS, ACT = 2, 1
 GAMMA, LAM = 0.9, 0.5

@@ -9,7 +9,7 @@ from agents.ppo.losses import compute_gae
 from agents.scan import discounted_scan
 from agents.vtrace import VTraceConfig, behaviour_weights, importance_weights, vtrace
 from streams.processors.importance import ImportanceWeights
-from streams.processors.pipeline import PrepareConfig
+from config import PrepareConfig
 
 
 def test_vtrace_by_hand_with_truncation_termination_and_truncated_weights():

@@ -1,6 +1,6 @@
 """Every algorithm learns through the real co-located pipeline (actor -> SampleBatch events ->
 stream processors -> PreparedBatch -> learner -> PolicyVersion), with its default run settings
-(``agents.defaults.ALGO_DEFAULTS``), on InvertedPendulum-v5.
+(``config.algos.ALGO_DEFAULTS``), on InvertedPendulum-v5.
 
 A random policy keeps the pole up for ~7 steps; the tests assert that the mean return of the
 last 20 episodes clearly beats that of the first 20 after 20k env steps. Seeds 0-2 all pass
@@ -21,7 +21,7 @@ import torch
 
 from rlstream import wiring
 from rlstream.colocated import run_colocated
-from rlstream.config import BusConfig, TrainConfig
+from config import BusConfig, TrainConfig
 from schemas.events import GradientStep
 from streams.topics import LEARNER_STEPS
 

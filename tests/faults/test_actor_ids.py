@@ -9,7 +9,7 @@ from collections import defaultdict
 
 import pytest
 
-from actor.identity import host_name
+from config import Environment
 from schemas.codec import Codec
 from streams.topics import LEARNER_STEPS, SAMPLES_RAW
 
@@ -54,7 +54,7 @@ def test_actors_without_index_get_distinct_ids_and_a_restart_a_new_generation(pr
     finally:
         steps.close()
         raw.close()
-    host = host_name()
+    host = Environment.read().hostname
     generations = sorted(int(i.removeprefix(f"{host}-")) for i in first_ids | {restarted})
     assert all(i.startswith(f"{host}-") for i in first_ids | {restarted}), (first_ids, restarted)
     assert len(set(generations)) == 3 and int(restarted.removeprefix(f"{host}-")) == generations[-1]

@@ -90,7 +90,8 @@ def check_skipped(events: EventBus, bad: list) -> None:
 # --- stream processors: PrepareWorker --------------------------------------------------------
 
 def _worker(events: EventBus):
-    from streams.processors.pipeline import Prepare, PrepareConfig
+    from config import PrepareConfig
+    from streams.processors.pipeline import Prepare
     from streams.worker import PrepareWorker
 
     def factory(pv):
@@ -323,13 +324,17 @@ def test_policy_feed_skips_undecodable_records_and_hands_out_the_rest(steps):
 
 @pytest.fixture(scope="module")
 def streams_app():
+    from config import PrepareConfig
     from streams.faust_app import StreamsApp, StreamsSettings
+    from streams.processors.pipeline import Prepare
 
-    return StreamsApp(StreamsSettings(app_id=f"fuzz-{uuid.uuid4().hex[:8]}"), metrics=None)
+    prepare = Prepare.from_config(PrepareConfig(importance=False))  # each example sets its own
+    return StreamsApp(StreamsSettings(app_id=f"fuzz-{uuid.uuid4().hex[:8]}"), prepare=prepare, metrics=None)
 
 
 def _fresh_prepare(sa):
-    from streams.processors.pipeline import Prepare, PrepareConfig
+    from config import PrepareConfig
+    from streams.processors.pipeline import Prepare
 
     def factory(pv):
         return lambda obs, act: np.full(obs.shape[:2], -1.5, np.float32)

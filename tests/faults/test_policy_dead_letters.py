@@ -21,7 +21,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rlstream.colocated import run_colocated
-from rlstream.config import TrainConfig
+from config import TrainConfig
 from runtime.metrics import Metrics
 from schemas.codec import Codec
 from schemas.events import DeadLetter

@@ -11,6 +11,8 @@ to start.
 
 from __future__ import annotations
 
+from config import Environment
+
 import asyncio
 import time
 import uuid
@@ -56,7 +58,7 @@ def test_sasl_round_trip_and_a_clear_error_for_wrong_credentials(private_kafka, 
         assert [r.value for r in got] == [b"v0", b"v1", b"v2"] and got[0].headers == {"h": b"1"}
         assert bus.group_lag("sasl-group", topic) == 0
 
-    settings = StreamsSettings.from_env({"KAFKA_BROKERS": private_kafka.sasl_bootstrap})
+    settings = StreamsSettings.from_environment(Environment({"KAFKA_BROKERS": private_kafka.sasl_bootstrap}))
     assert settings.client_config["sasl.username"] == "svc"
 
     async def aiokafka_round_trip(kwargs: dict) -> list[bytes]:
@@ -103,7 +105,7 @@ def test_sasl_round_trip_and_a_clear_error_for_wrong_credentials(private_kafka, 
     assert "not-the-password" not in str(again.value)
     bus.close(timeout=1)
 
-    wrong = StreamsSettings.from_env({"KAFKA_BROKERS": private_kafka.sasl_bootstrap})
+    wrong = StreamsSettings.from_environment(Environment({"KAFKA_BROKERS": private_kafka.sasl_bootstrap}))
     from aiokafka.errors import KafkaError as AIOKafkaError
 
     async def aiokafka_refused() -> None:

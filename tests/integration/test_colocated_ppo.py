@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rlstream.colocated import run_colocated
-from rlstream.config import BusConfig, TrainConfig
+from config import BusConfig, TrainConfig
 
 
 @pytest.mark.slow

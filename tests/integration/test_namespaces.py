@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from rlstream.config import BusConfig, TrainConfig
+from config import BusConfig, TrainConfig
 from rlstream.decoupled import RunMonitor, state_path
 from runtime.progress import read_state
 from schemas.codec import Codec

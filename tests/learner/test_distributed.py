@@ -132,7 +132,7 @@ def test_devices_one_per_rank():
 
 def test_the_decoupled_parent_passes_the_rank_settings_to_its_learner(tmp_path):
     from rlstream.cli import build_parser, train_config
-    from rlstream.config import read_config, write_config
+    from config import read_config, write_config
     from rlstream.decoupled import child_commands, child_config
 
     a = build_parser().parse_args(["train", "--mode", "decoupled", "--learners", "2", "--grad-compression", "bf16",

@@ -15,11 +15,11 @@ import pytest
 from learner.distributed import EXIT_PEER_LOST, free_port
 from learner.snapshots import open_store
 from rlstream import wiring
-from rlstream.config import BusConfig
+from config import BusConfig
 from schemas.codec import Codec
 from schemas.events import GradientStep, PolicyVersion
 from streams.events import EventBus
-from streams.topics import LEARNER_GROUP, LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_PREPARED
+from streams.topics import LEARNER_GROUP, LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_PREPARED, Namespace
 from tests.support import Role, wait_for
 from tests.support.fragments import fragment
 from tests.support.kafka import committed
@@ -120,7 +120,7 @@ def test_two_ranks_train_every_batch_once_and_version_monotonically(run, tmp_pat
     assert [s.to_version for s in steps] == [v.version for v in versions[1:]]
     text = (tmp_path / "learner.log").read_text()
     assert '"rank_summary"' in text and '"world_size": 2' in text
-    ns = BusConfig(kind="kafka", namespace=run.ns).topics()
+    ns = Namespace(run.ns)
     # the group's commits per partition reach what was trained: 6 fragments on each
     assert committed(run.bootstrap, ns.group(LEARNER_GROUP), ns.topic(SAMPLES_PREPARED)) == {0: 6, 1: 6}
 
@@ -133,7 +133,7 @@ def test_a_rank_whose_partition_stays_empty_does_not_stall_the_group(run, tmp_pa
     ids = run.trained()
     assert sorted(ids) == sorted(f"b{i}" for i in range(6)), ids
     assert_monotonic(run.read(POLICY_VERSIONS, PolicyVersion))
-    ns = BusConfig(kind="kafka", namespace=run.ns).topics()
+    ns = Namespace(run.ns)
     assert committed(run.bootstrap, ns.group(LEARNER_GROUP), ns.topic(SAMPLES_PREPARED)).get(1) == 6
 
 

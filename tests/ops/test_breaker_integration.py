@@ -26,7 +26,8 @@ from schemas.events import SampleBatch, new_id, now_ms
 from streams.bus.memory import MemoryBus
 from streams.events import EventBus
 from streams.processors.importance import PolicyLogpFn
-from streams.processors.pipeline import Prepare, PrepareConfig
+from config import PrepareConfig
+from streams.processors.pipeline import Prepare
 from streams.topics import (
     LEARNER_STEPS,
     SAMPLES_PREPARED,

@@ -1,4 +1,4 @@
-"""compose/ and compose/k8s/ agree with runtime/ports.py, metrics.py and http.py."""
+"""compose/ and compose/k8s/ agree with runtime/ports.py, config/env.py, metrics.py and http.py."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import yaml
 
 from runtime.http import MetricsServer
 from runtime.metrics import Metrics
+from config.env import ENV_VARS
 from runtime.ports import (
     COMMAND_ROLES,
     DEFAULT_PORTS,
-    ENV_VARS,
     INFRA_PORTS,
     KNOWN_COMMANDS,
 )

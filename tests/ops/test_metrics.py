@@ -223,3 +223,23 @@ def test_gpu_utilization_absent_without_nvml() -> None:
     assert m.gpu_enabled and not m.gpu_utilization_enabled
     assert "rlstream_gpu_utilization_ratio" not in text  # never a made-up value
     assert "rlstream_gpu_memory_reserved_bytes" in text
+
+
+def test_every_listed_drop_reason_is_one_the_code_emits() -> None:
+    """``DROP_REASONS`` is the set of reasons that exist: each is a constant of the processors,
+    the codec's errors or the roles (no stale entries), and every such constant is listed."""
+    import ast
+    from pathlib import Path
+
+    from runtime.metrics import DROP_REASONS
+
+    root = Path(__file__).resolve().parents[2]
+    emitted: set[str] = set()
+    for path in [*root.glob("streams/processors/*.py"), root / "schemas" / "errors.py", root / "learner" / "learner.py"]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                names = [t.id if isinstance(t, ast.Name) else "" for t in node.targets]
+                if any(n.startswith("REASON_") or n == "reason" for n in names):
+                    emitted.add(node.value.value)
+    emitted.add("env_nonfinite")  # rlstream.wiring's actor hook
+    assert set(DROP_REASONS) == emitted, (set(DROP_REASONS) ^ emitted)

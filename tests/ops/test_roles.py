@@ -12,7 +12,7 @@ import torch
 from actor.actor import Actor
 from learner.learner import Learner
 from rlstream.colocated import run_colocated
-from rlstream.config import BusConfig, TrainConfig
+from config import BusConfig, TrainConfig
 from runtime.roles import Role, Slot, clear_summaries, drive, read_summaries, summary_path, write_summary
 from streams.worker import PrepareWorker
 

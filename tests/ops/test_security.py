@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import ast
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from config import TrainConfig
+
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("rlstream", "streams", "actor", "learner", "agents", "schemas")
+PACKAGES = ("config", "rlstream", "streams", "actor", "learner", "agents", "schemas", "runtime", "logtools")
 SASL_ENV = {
     "RLSTREAM_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
     "RLSTREAM_KAFKA_SASL_MECHANISM": "PLAIN",
@@ -36,17 +39,22 @@ def sasl_env(monkeypatch):
 
 
 def test_sasl_settings_reach_producer_consumer_admin_and_group_readers(sasl_env):
-    from streams.bus.kafka import KafkaBus, kafka_client_config
+    from config import BusConfig, Environment
+    from rlstream.wiring import kafka_bus
+    from streams.bus.kafka import KafkaBus
 
-    assert kafka_client_config() == EXPECTED
-    bus = KafkaBus()
+    cfg = BusConfig.from_environment(Environment.read(), kind="kafka")
+    assert cfg.security == EXPECTED and cfg.bootstrap == "127.0.0.1:1"
+    assert "s3cret" not in repr(cfg) and "security" not in TrainConfig(bus=cfg).to_dict()["bus"]  # never in a file
+    bus = kafka_bus(cfg)
     try:
         for name, conf in (("producer", bus.producer_config), ("consumer", bus.consumer_config),
                            ("admin", bus.admin_config)):
             got = {k: conf.get(k) for k in EXPECTED}
             assert got == EXPECTED, f"{name} client config lacks the security settings: {got}"
         # a per-role override does not drop them, and explicit config wins over the environment
-        other = KafkaBus(config={"sasl.username": "svc-actor"}, consumer_config={"fetch.wait.max.ms": 5})
+        other = KafkaBus(cfg.bootstrap, config={**cfg.security, "sasl.username": "svc-actor"},
+                         consumer_config={"fetch.wait.max.ms": 5})
         try:
             assert other.consumer_config["sasl.username"] == "svc-actor"
             assert other.producer_config["security.protocol"] == "SASL_PLAINTEXT"
@@ -60,11 +68,14 @@ def test_sasl_settings_reach_the_faust_app_and_its_policy_reader(sasl_env):
     import faust
     from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-    from streams.faust_app import StreamsSettings, aiokafka_security, build_app
+    from config import Environment
+    from rlstream.wiring import build_faust_app
+    from streams.faust_app import aiokafka_security
+    from streams.settings import StreamsSettings
 
-    settings = StreamsSettings.from_env()
+    settings = StreamsSettings.from_environment(Environment.read())
     assert dict(settings.client_config) == EXPECTED
-    sa = build_app(settings, metrics=None)
+    sa = build_faust_app(replace(settings, raw_partitions=1))
     creds = sa.app.conf.broker_credentials
     assert isinstance(creds, faust.SASLCredentials)
     assert (creds.username, creds.password, str(creds.mechanism.value)) == ("svc-learner", "s3cret", "PLAIN")
@@ -79,19 +90,22 @@ def test_sasl_ssl_carries_the_ca_to_both_clients(sasl_env, monkeypatch):
     certifi = pytest.importorskip("certifi")
     import ssl
 
-    from streams.bus.kafka import KafkaBus
-    from streams.faust_app import StreamsSettings, aiokafka_security, faust_credentials
+    from config import BusConfig, Environment
+    from rlstream.wiring import kafka_bus
+    from streams.faust_app import aiokafka_security, faust_credentials
+    from streams.settings import StreamsSettings
 
     monkeypatch.setenv("RLSTREAM_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
     monkeypatch.setenv("RLSTREAM_KAFKA_SASL_MECHANISM", "SCRAM-SHA-512")
     monkeypatch.setenv("RLSTREAM_KAFKA_SSL_CA_LOCATION", certifi.where())
-    bus = KafkaBus()
+    env = Environment.read()
+    bus = kafka_bus(BusConfig.from_environment(env, kind="kafka"))
     try:
         assert bus.consumer_config["ssl.ca.location"] == certifi.where()
         assert bus.admin_config["security.protocol"] == "SASL_SSL"
     finally:
         bus.close(timeout=0)
-    conf = StreamsSettings.from_env().client_config
+    conf = StreamsSettings.from_environment(env).client_config
     creds = faust_credentials(conf)
     assert isinstance(creds.ssl_context, ssl.SSLContext) and creds.ssl_context.verify_mode == ssl.CERT_REQUIRED
     kw = aiokafka_security(conf)

@@ -1,12 +1,12 @@
-"""Per-algorithm run defaults (``agents.defaults.ALGO_DEFAULTS``): ``--algo X`` alone is enough."""
+"""Per-algorithm run defaults (``config.algos.ALGO_DEFAULTS``): ``--algo X`` alone is enough."""
 
 from __future__ import annotations
 
 import pytest
 
 from rlstream.cli import build_parser, train_config
-from agents.defaults import TRAINABLE
-from rlstream.config import TrainConfig
+from config.algos import TRAINABLE
+from config import TrainConfig
 
 
 @pytest.mark.parametrize("algo", ["ppo", "agro", "tba"])

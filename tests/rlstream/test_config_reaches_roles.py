@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 
 from rlstream.cli import build_parser, train_config
-from rlstream.config import ENTRY_POINT_FIELDS, BusConfig, TrainConfig, read_config, write_config
+from config import ENTRY_POINT_FIELDS, BusConfig, TrainConfig, read_config, write_config
 from rlstream.decoupled import ChildExited, child_config, child_env, run_decoupled
-from streams.blobcache import default_cache_dir
-from streams.processors.pipeline import PrepareConfig
-from streams.runconfig import CONFIG_FILE, read_run_config
+from config.env import Environment
+from config.train import default_cache_dir
+from config import PrepareConfig
+from config.runfile import CONFIG_FILE, read_run_config
 from streams.topics import SAMPLES_RAW, Retention
 from tests.support.wait import wait_for
 
@@ -51,7 +52,8 @@ def every_field_set(tmp_path: Path, bootstrap: str) -> TrainConfig:
                  stream_workers=2, max_restarts=1, claim_check_above=2 << 20, actor_lag_versions=3,
                  blob_cache=str(tmp_path / "blobs"), bus=BusConfig(**bus))
     for cls, values in ((TrainConfig, train), (BusConfig, bus), (PrepareConfig, PREPARE)):
-        missing = {f.name for f in dataclasses.fields(cls)} - set(values)
+        missing = {f.name for f in dataclasses.fields(cls) if not f.metadata.get("secret")} - set(values)
+        # (secrets never go into a config file: each process takes them from its environment)
         assert not missing, f"give {cls.__name__} fields {sorted(missing)} a non-default value here"
     plain, algo = TrainConfig(), TrainConfig(algo="tba")  # the dataclass's defaults and the algorithm's
     for name in train:
@@ -105,9 +107,9 @@ def test_every_field_reaches_the_learner_the_actors_and_the_faust_worker(tmp_pat
 
 def test_the_faust_worker_gets_the_claim_check_store_and_the_host_blob_cache_from_its_environment(tmp_path):
     cfg = every_field_set(tmp_path, "127.0.0.1:1")  # the Faust worker reads these two from its environment
-    env = child_env(cfg, tmp_path / CONFIG_FILE)
+    env = child_env(cfg, tmp_path / CONFIG_FILE, Environment.read())
     assert (env["REDIS_URL"], env["RLSTREAM_BLOB_CACHE"]) == (cfg.redis_url, str(tmp_path / "blobs"))
-    assert child_env(replace(cfg, blob_cache="off"), tmp_path / CONFIG_FILE)["RLSTREAM_BLOB_CACHE"] == "off"
+    assert child_env(replace(cfg, blob_cache="off"), tmp_path / CONFIG_FILE, Environment.read())["RLSTREAM_BLOB_CACHE"] == "off"
     assert replace(cfg, blob_cache=None).resolved().blob_cache == (default_cache_dir() or "off")
 
 

@@ -39,8 +39,10 @@ def test_rollback_publishes_a_new_version_with_the_snapshot_weights(events, pv, 
     assert pv.same_weights(u.policy, policies[2])
     assert not pv.same_weights(u.policy, policies[4])
     assert u.metrics == {"rollback_from_snapshot": 2.0}
+    assert store.pinned() == {2}  # kept: a learner pruning old snapshots never drops what it continues from
     # A second rollback stacks on top: versions only grow.
     assert rollback(events, store.url, 0)["new_version"] == 6
+    assert store.pinned() == {0, 2}
 
 
 def test_missing_snapshot_lists_what_exists(events, history):

@@ -16,7 +16,7 @@ import torch
 
 from agents.networks import Policy
 from logtools.serve import serve
-from rlstream.config import BusConfig
+from config import BusConfig
 from rlstream.wiring import build_bus, build_events
 from schemas.events import PolicyVersion, now_ms
 from streams.policies import RedisBlobStore, make_policy_version, publish_policy_version

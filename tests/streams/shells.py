@@ -5,7 +5,7 @@
 * ``faust``: the real ``faust -A streams worker`` process on a real broker, same namespace rule.
 
 Each takes its pipeline settings from the same environment variables (``RLSTREAM_ALGO``,
-``RLSTREAM_STALENESS_*``, ``RLSTREAM_POLICY_ID``, read by ``prepare_config_from_env``), and
+``RLSTREAM_STALENESS_*``, ``RLSTREAM_POLICY_ID``, read by ``streams.settings.prepare_config_of``), and
 offers the same three things: ``bus`` (the test's view of the topics, namespaced),
 ``follows(version)`` and ``settle()`` (every raw record handled and committed).
 """
@@ -29,16 +29,14 @@ class InProcessShell:
     """``PrepareWorker`` over ``bus``, stepped by the test."""
 
     def __init__(self, bus, env: dict[str, str]) -> None:
-        from schemas.codec import Codec
-        from streams.events import EventBus
-        from streams.faust_app import prepare_config_from_env
-        from streams.processors.importance import PolicyLogpFn
-        from streams.processors.pipeline import Prepare
+        from config import Environment
+        from rlstream.wiring import build_events, build_prepare
+        from streams.settings import prepare_config_of
         from streams.worker import PrepareWorker
 
         self.bus = bus
-        self.events = EventBus(bus, Codec())
-        self.prepare = Prepare.from_config(prepare_config_from_env(env), PolicyLogpFn.from_policy_version)
+        self.events = build_events(bus, None, publish_schemas=False)  # as every process: the one assembly
+        self.prepare = build_prepare(prepare_config_of(Environment(env)), None, None)
         self.worker: PrepareWorker | None = None
         self._make = lambda: PrepareWorker(self.events, self.prepare)
 

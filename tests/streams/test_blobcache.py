@@ -17,13 +17,14 @@ import torch
 
 from schemas.events import ClaimCheck
 from schemas.weights import decode_weights
-from streams.blobcache import BlobCacheError, CacheWriteError, HostBlobCache, default_cache_dir
+from config.train import cache_dir_of, default_cache_dir
+from streams.blobcache import BlobCacheError, CacheWriteError, HostBlobCache
+from streams.policy.blobs import _RespReader
 from streams.policies import (
     HostCachedStore,
     PolicyLoadError,
     RedisBlobStore,
     SharedWeights,
-    _RespReader,
     load_policy,
     make_policy_version,
     open_blob_store,
@@ -154,10 +155,11 @@ def test_a_cache_directory_someone_else_can_write_is_refused(tmp_path):
         HostBlobCache(str(tmp_path))
 
 
-def test_the_cache_directory_comes_from_the_environment_or_dev_shm():
-    assert default_cache_dir({"RLSTREAM_BLOB_CACHE": "off"}) is None
-    assert default_cache_dir({"RLSTREAM_BLOB_CACHE": "/x/y"}) == "/x/y"
-    assert default_cache_dir({}).endswith(f"rlstream-blobs-{os.getuid()}")
+def test_the_cache_directory_comes_from_the_setting_or_dev_shm():
+    assert cache_dir_of("off") is None
+    assert cache_dir_of(" /x/y ") == "/x/y"
+    assert cache_dir_of(None) == cache_dir_of("") == default_cache_dir()
+    assert default_cache_dir().endswith(f"rlstream-blobs-{os.getuid()}")
 
 
 @pytest.fixture

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from config import Environment
+
 import asyncio
 import uuid
 from types import SimpleNamespace
@@ -13,7 +15,8 @@ import torch
 from schemas.codec import Codec
 from schemas.events import DeadLetter, PolicyVersion, PreparedBatch, SampleBatch
 from streams.faust_app import StreamsApp, StreamsSettings, broker_urls, faust_credentials
-from streams.processors.pipeline import Prepare, PrepareConfig
+from config import PrepareConfig
+from streams.processors.pipeline import Prepare
 from streams.topics import DEADLETTER, POLICY_VERSIONS, SAMPLES_PREPARED
 
 torch.set_num_threads(1)
@@ -176,9 +179,9 @@ def test_revocation_forgets_held_batches(streams):
 
 
 def test_settings_and_credentials():
-    s = StreamsSettings.from_env({"KAFKA_BROKERS": "k1:9092, k2:9093", "RLSTREAM_METRICS_PORT": "9999"})
+    s = StreamsSettings.from_environment(Environment({"KAFKA_BROKERS": "k1:9092, k2:9093", "RLSTREAM_METRICS_PORT": "9999"}))
     assert broker_urls(s.brokers) == ["kafka://k1:9092", "kafka://k2:9093"] and s.web_port == 9999
-    assert StreamsSettings.from_env({}).brokers == "127.0.0.1:9092"
+    assert StreamsSettings.from_environment(Environment({})).brokers == "127.0.0.1:9092"
     assert faust_credentials({}) is None
     c = faust_credentials({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
                            "sasl.username": "u", "sasl.password": "pw"})
@@ -207,7 +210,7 @@ def test_security_settings_come_from_the_bus_env(monkeypatch):
     monkeypatch.setenv("RLSTREAM_KAFKA_SASL_MECHANISM", "PLAIN")
     monkeypatch.setenv("RLSTREAM_KAFKA_SASL_USERNAME", "svc")
     monkeypatch.setenv("RLSTREAM_KAFKA_SASL_PASSWORD", "pw")
-    s = StreamsSettings.from_env()
+    s = StreamsSettings.from_environment(Environment.read())
     assert s.client_config["security.protocol"] == "SASL_PLAINTEXT"
     c = faust_credentials(s.client_config)
     assert c.username == "svc" and c.password == "pw"
@@ -223,9 +226,9 @@ def test_module_app_is_configured():
     assert any(n.endswith("prepare-samples") for n in names)
     assert not any(POLICY_VERSIONS in str(t) for a in app.agents.values() for t in a.channel.topics), \
         "policy versions are read group-less by the follow-policies task, not by a group agent"
-    from streams.faust_app import streams_app
+    from rlstream import entry
 
-    assert streams_app.policies_task in app._app_tasks
+    assert entry._APP.policies_task in app._app_tasks
     assert app.conf.broker_commit_interval == 0.5
 
 

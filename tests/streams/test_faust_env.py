@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from streams.faust_app import prepare_config_from_env
+from config import Environment
+from streams.settings import prepare_config_of
 
 
 def test_settings_reach_the_prepare_config():
-    cfg = prepare_config_from_env({"RLSTREAM_ALGO": "agro", "RLSTREAM_REORDER_TIMEOUT_MS": "250",
+    cfg = prepare_config_of(Environment({"RLSTREAM_ALGO": "agro", "RLSTREAM_REORDER_TIMEOUT_MS": "250",
                                    "RLSTREAM_STALENESS_K": "3", "RLSTREAM_STALENESS_MS": "none",
-                                   "RLSTREAM_STALENESS_MODE": "downweight", "RLSTREAM_POLICY_ID": "p7"})
+                                   "RLSTREAM_STALENESS_MODE": "downweight", "RLSTREAM_POLICY_ID": "p7"}))
     assert (cfg.reorder_timeout_ms, cfg.max_versions, cfg.max_ms) == (250, 3, None)
     assert (cfg.staleness_mode, cfg.policy_id) == ("downweight", "p7")
 
@@ -19,4 +20,4 @@ def test_settings_reach_the_prepare_config():
 @pytest.mark.parametrize("var", ["RLSTREAM_REORDER_TIMEOUT_MS", "RLSTREAM_STALENESS_K", "RLSTREAM_STALENESS_MS"])
 def test_a_non_integer_names_its_variable(var):
     with pytest.raises(ValueError, match=f"{var} must be an integer, not 'soon'"):
-        prepare_config_from_env({var: "soon"})
+        prepare_config_of(Environment({var: "soon"}))

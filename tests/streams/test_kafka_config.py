@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from streams.bus.kafka import KafkaBus, kafka_client_config
+from config import BusConfig, Environment
+from streams.bus.kafka import KafkaBus
 
 
 def test_security_settings_come_from_the_environment(monkeypatch):
@@ -14,17 +15,17 @@ def test_security_settings_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("RLSTREAM_KAFKA_SSL_CA_LOCATION", "/etc/ca.pem")
     monkeypatch.setenv("RLSTREAM_KAFKA_VERSION", "3.9.1")  # the local broker's, not a client setting
     monkeypatch.setenv("RLSTREAM_KAFKA_JAVA_OPTS", "-Xmx2g")
-    conf = kafka_client_config({"sasl.username": "actor", "client.rack": "r1"})
+    conf = Environment.read().kafka_security()
     assert conf == {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
-                    "sasl.username": "actor", "ssl.ca.location": "/etc/ca.pem", "client.rack": "r1"}
+                    "sasl.username": "learner", "ssl.ca.location": "/etc/ca.pem"}
+
 
 
 def test_no_environment_no_settings(monkeypatch):
     for k in list(__import__("os").environ):
         if k.startswith("RLSTREAM_KAFKA_"):
             monkeypatch.delenv(k)
-    assert kafka_client_config() == {}
-    assert kafka_client_config({"ssl.key.password": "x"}) == {"ssl.key.password": "x"}
+    assert Environment.read().kafka_security() == {}
 
 
 @pytest.fixture
@@ -32,8 +33,9 @@ def offline_bus(monkeypatch):
     monkeypatch.setenv("RLSTREAM_KAFKA_SECURITY_PROTOCOL", "SASL_PLAINTEXT")
     monkeypatch.setenv("RLSTREAM_KAFKA_SASL_MECHANISM", "PLAIN")
     monkeypatch.setenv("KAFKA_BROKERS", "127.0.0.1:1")  # nothing listens: clients never connect here
-    bus = KafkaBus(config={"sasl.username": "u", "sasl.password": "p"}, consumer_config={"fetch.wait.max.ms": 10},
-                   producer_config={"linger.ms": 1})
+    cfg = BusConfig.from_environment(Environment.read(), kind="kafka")  # as an entry point reads them
+    bus = KafkaBus(cfg.bootstrap, config={**cfg.security, "sasl.username": "u", "sasl.password": "p"},
+                   consumer_config={"fetch.wait.max.ms": 10}, producer_config={"linger.ms": 1})
     yield bus
     bus.close(timeout=0)  # nothing was produced: nothing to wait for
 

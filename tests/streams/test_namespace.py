@@ -3,10 +3,14 @@ a bus seen through a namespace keeps runs apart while roles keep their logical n
 
 from __future__ import annotations
 
+from config import Environment
+
+from dataclasses import replace
+
 import pytest
 
-from rlstream.config import BusConfig
-from rlstream.wiring import build_bus
+from config import BusConfig
+from rlstream.wiring import build_bus, build_faust_app
 from streams.bus.memory import MemoryBus
 from streams.bus.namespaced import NamespacedBus
 from streams.faust_app import StreamsApp, StreamsSettings
@@ -64,17 +68,18 @@ def test_two_namespaces_on_one_bus_never_see_each_other():
 
 def test_bus_config_reads_the_namespace_once(monkeypatch):
     monkeypatch.setenv("RLSTREAM_NAMESPACE", "from-env")
-    assert BusConfig.from_env(kind="memory").namespace == "from-env"
-    assert BusConfig.from_env(kind="memory", namespace="").namespace == ""  # an explicit legacy choice
+    env = Environment.read()
+    assert BusConfig.from_environment(env, kind="memory").namespace == "from-env"
+    assert BusConfig.from_environment(env, kind="memory", namespace="").namespace == ""  # an explicit legacy choice
     bus = build_bus(BusConfig(kind="memory", namespace="x1"))
     assert isinstance(bus, NamespacedBus) and bus.inner.end_offsets("x1." + POLICY_VERSIONS) == {0: 0}
     assert not isinstance(build_bus(BusConfig(kind="memory")), NamespacedBus)
 
 
 def test_faust_worker_follows_the_namespace():
-    settings = StreamsSettings.from_env({"RLSTREAM_NAMESPACE": "exp7"})
+    settings = StreamsSettings.from_environment(Environment({"RLSTREAM_NAMESPACE": "exp7"}))
     assert settings.app_id == "exp7." + STREAMS_GROUP
-    sa = StreamsApp(settings, metrics=None)
+    sa = build_faust_app(replace(settings, raw_partitions=1))
     assert {k: t.get_topic_name() for k, t in sa.topics.items()} == {
         k: "exp7." + k for k in sa.topics}
-    assert StreamsSettings.from_env({}).app_id == STREAMS_GROUP
+    assert StreamsSettings.from_environment(Environment({})).app_id == STREAMS_GROUP

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from actor.identity import register
-from rlstream.config import BusConfig
+from config import BusConfig
 from rlstream.wiring import build_bus
 from streams.bus.kafka import FewerPartitionsError, KafkaBus
 from streams.topics import ACTORS, SAMPLES_PREPARED, SAMPLES_RAW, Namespace

@@ -27,7 +27,6 @@ from streams.policies import (
     PolicyFollower,
     PolicyLoadError,
     PolicyLogpFn,
-    PolicyWindow,
     RedisBlobStore,
     SharedWeights,
     StartRule,
@@ -35,7 +34,8 @@ from streams.policies import (
     make_policy_version,
     publish_policy_version,
 )
-from streams.processors.pipeline import Prepare, PrepareConfig
+from config import PrepareConfig
+from streams.processors.pipeline import Prepare
 from streams.topics import POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW, Namespace
 from tests.conftest import TEST_CONSUMER_CONFIG
 from tests.ops.conftest import redis_server_url  # noqa: F401  (fixture)
@@ -184,26 +184,6 @@ def test_one_loader_for_inline_and_claim_checked_weights(blobs):
     assert load_policy(other, into=into) is not into and same(into, p)
 
 
-# -- the window --------------------------------------------------------------------------------
-
-def test_the_window_keeps_the_last_n_and_falls_back_past_a_version_that_does_not_load(blobs):
-    w = PolicyWindow("p", size=3)  # no blob store: claim-checked versions do not load
-    assert w.add(version(0)) and not w.add(version(5, "other"))
-    for v in (1, 2):
-        assert w.add(version(v))
-    assert w.add(version(3, blobs=blobs), record="rec-3")
-    assert w.versions() == [1, 2, 3] and w.record(3) == "rec-3"
-    v, fn = w.newest_logp()
-    assert v == 2 and fn.version == 2
-    (failure,) = w.take_failures()
-    assert failure[0] == 3 and isinstance(failure[1], PolicyLoadError) and failure[2] == "rec-3"
-    assert w.newest_logp()[0] == 2 and w.take_failures() == []  # each failure is reported once
-
-    w = PolicyWindow("p", size=16, blobs=blobs)  # with the store, it gets importance weights
-    w.add(version(3, blobs=blobs))
-    assert w.newest_logp()[0] == 3 and w.take_failures() == []
-
-
 # -- claim-checked versions get importance weights and are adopted ---------------------------------
 
 def _stale_batch(prepared: list[PreparedBatch]) -> PreparedBatch:
@@ -233,12 +213,17 @@ def test_the_worker_shell_weights_a_batch_against_a_claim_checked_version(events
 
 
 def test_the_faust_shell_fetches_claim_checked_weights_from_redis_url(monkeypatch, blobs):
-    from streams.faust_app import StreamsApp, StreamsSettings
+    from dataclasses import replace
+
+    from config import Environment
+    from rlstream.wiring import build_faust_app
+    from streams.settings import StreamsSettings
 
     monkeypatch.setenv("REDIS_URL", blobs.url)
     cfg = PrepareConfig(max_versions=4, max_ms=None, reorder_timeout_ms=10, policy_id="p", behaviour_cap=None)
-    sa = StreamsApp(StreamsSettings(app_id=f"test-{uuid.uuid4().hex[:8]}", prepare=cfg, raw_partitions=1),
-                    metrics=None)
+    settings = StreamsSettings.from_environment(Environment.read())  # as the Faust entry point does
+    sa = build_faust_app(replace(settings, app_id=f"test-{uuid.uuid4().hex[:8]}", prepare=cfg, raw_partitions=1),
+                         metrics=None)
     # the app's own weights loader (from REDIS_URL), over a dict for the per-actor state: its Faust
     # table writes a changelog, which needs the running app this in-process test does not start
     sa.prepare, sa.actor_state = Prepare.from_config(cfg, sa.prepare.logp_factory), None

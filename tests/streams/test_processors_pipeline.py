@@ -16,7 +16,8 @@ from schemas.weights import encode_weights
 from streams.bus.memory import MemoryBus
 from streams.events import EventBus
 from streams.processors.importance import PolicyLogpFn
-from streams.processors.pipeline import Prepare, PrepareConfig, Rejection
+from config import PrepareConfig
+from streams.processors.pipeline import Prepare, Rejection
 from streams.topics import DEADLETTER, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW, all_topics
 from streams.worker import PrepareWorker
 from tests.support import wait_for

@@ -9,11 +9,11 @@ import uuid
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
-from rlstream.config import BusConfig
+from config import BusConfig, Environment
+from config.bus import DAY_MS, Retention, parse_retention
 from streams.bus.kafka import KafkaBus
 from streams.topics import (
-    DAY_MS, DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS, PREFERENCES, SAMPLES_PREPARED, SAMPLES_RAW,
-    SCHEMAS, Retention, all_topics, parse_retention,
+    DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS, PREFERENCES, SAMPLES_PREPARED, SAMPLES_RAW, SCHEMAS, all_topics,
 )
 
 
@@ -23,17 +23,19 @@ def test_parse_retention():
     assert got == {SAMPLES_RAW: Retention(7 * DAY_MS), SAMPLES_PREPARED: Retention(12 * 3600_000, 50 << 30),
                    PREFERENCES: Retention(-1), DEADLETTER: Retention(90_000)}
     assert parse_retention("") == {}
-    for bad in ("rl.samples.raw", "rl.nope=1d", "rl.samples.raw=7w", "rl.samples.raw=1d/3x"):
+    for bad in ("rl.samples.raw", "nope=1d", "rl.samples.raw=7w", "rl.samples.raw=1d/3x"):
         with pytest.raises(ValueError, match="retention"):
             parse_retention(bad)
+    with pytest.raises(ValueError, match=r"retention of \['rl.nope'\]"):  # a topic that takes none: refused
+        all_topics(retention=parse_retention("rl.nope=1d"))  # where the topics are made (build_bus)
 
 
 def test_bus_config_reads_the_environment(monkeypatch):
     monkeypatch.setenv("RLSTREAM_RETENTION", "rl.samples.raw=2d")
-    assert BusConfig.from_env().retention == {SAMPLES_RAW: Retention(2 * DAY_MS)}
+    assert BusConfig.from_environment(Environment.read()).retention == {SAMPLES_RAW: Retention(2 * DAY_MS)}
     monkeypatch.setenv("RLSTREAM_RETENTION", "rl.samples.raw=two days")
     with pytest.raises(SystemExit, match="RLSTREAM_RETENTION"):
-        BusConfig.from_env()
+        BusConfig.from_environment(Environment.read())
 
 
 def _described(bootstrap: str, names: list[str]) -> dict[str, dict[str, str]]:

@@ -9,7 +9,8 @@ from schemas.codec import Codec
 from schemas.events import DeadLetter, PolicyVersion, PreparedBatch
 from streams.bus.base import Record
 from streams.events import DeadLetters
-from streams.processors.pipeline import Prepare, PrepareConfig
+from config import PrepareConfig
+from streams.processors.pipeline import Prepare
 from streams.processors.reorder import ReorderBuffer
 from streams.shell import PolicyRecords, ShellCore, policy_backlog, policy_starts
 from streams.topics import DEADLETTER, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW

@@ -100,7 +100,8 @@ def shell_kind(request):
 
 
 def test_same_inputs_same_outputs_drops_dead_letters_and_commits(shell_kind, request, tmp_path):
-    from streams.faust_app import prepare_config_from_env
+    from config import Environment
+    from streams.settings import prepare_config_of
 
     run = uuid.uuid4().hex[:8]
     pid, policies, raw, dead = scenario(run)
@@ -124,7 +125,7 @@ def test_same_inputs_same_outputs_drops_dead_letters_and_commits(shell_kind, req
         ends = bus.end_offsets(SAMPLES_RAW)
         assert bus.group_lag(STREAMS_GROUP, SAMPLES_RAW) == 0 and ends == {0: len(raw)}
 
-    want = reference(pid, policies, raw, prepare_config_from_env(env))
+    want = reference(pid, policies, raw, prepare_config_of(Environment(env)))
     assert [p.sample.batch_id for p in prepared] == [f"{run}-{x}" for x in ("a-0", "a-1", "a-2", "b-0", "a-3")]
     assert [essence(p) for p in prepared] == [essence(p) for p in want]
     b0 = prepared[3]

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from rlstream.colocated import run_colocated
-from rlstream.config import BusConfig, TrainConfig
+from config import BusConfig, TrainConfig
 from schemas.codec import Codec
 from schemas.events import PreparedBatch
 from streams.bus.filelog import encode_frame, read_partition

@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from rlstream.config import BusConfig
+from config import BusConfig
 from logtools.serve import PolicyServer
 from logtools.subscribe import PinNotFound, PolicyFeed, parse_at
 from logtools.timetravel.record import load

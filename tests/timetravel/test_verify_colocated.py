@@ -82,7 +82,7 @@ def test_verify_reports_a_missing_batch(colocated_run, tmp_path):
 
 def test_verify_a_resumed_run_from_the_snapshot_it_restored(colocated_run, tmp_path):
     from rlstream.colocated import run_colocated
-    from rlstream.config import BusConfig, TrainConfig
+    from config import BusConfig, TrainConfig
 
     from .recorded import BATCH, ENV_ID, OVERRIDES
 

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from rlstream.config import BusConfig
+from config import BusConfig
 from logtools.timetravel.lineage import lineage
 from logtools.timetravel.record import load
 from logtools.timetravel.verify import format_report, verify

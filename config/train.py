@@ -1,13 +1,12 @@
-"""Typed run configuration, parsed once at the entry point (rlstream/cli.py).
-
-Nothing below the entry point reads the environment or argv: roles get these dataclasses.
-"""
+"""The run's typed configuration (``TrainConfig``), parsed once at the entry point (``rlstream.cli``)
+and passed down: nothing below the entry point reads the environment or argv."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import tempfile
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -15,16 +14,12 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 
 import tyro
 
-from agents.defaults import algo_defaults
-from streams.blobcache import default_cache_dir, is_off
-from streams.policies import DEFAULT_CLAIM_CHECK_ABOVE
-from streams.processors.pipeline import PrepareConfig
-from streams.runconfig import read_run_config, write_run_config
-from streams.topics import Namespace, Retention, parse_retention
-from runtime.ports import (ENV_BUS, ENV_KAFKA_BROKERS, ENV_NAMESPACE, ENV_REDIS_URL, ENV_RUN_ID,
-                                ENV_SNAPSHOT_STORE)
-
-ENV_RETENTION = "RLSTREAM_RETENTION"
+from config.algos import algo_defaults
+from config.bus import BusConfig, Retention
+from config.env import Environment
+from config.limits import DEFAULT_CLAIM_CHECK_ABOVE
+from config.prepare import PrepareConfig
+from config.runfile import read_run_config, write_run_config
 
 _T = TypeVar("_T")
 #: A ``TrainConfig`` field the entry point sets from its shared flags (``rlstream.cli``), with
@@ -32,57 +27,41 @@ _T = TypeVar("_T")
 EntryPoint = Annotated[_T, tyro.conf.Suppress]
 
 
-@dataclass(frozen=True)
-class BusConfig:
-    kind: str = "memory"
-    """memory (in-process, co-located default) or kafka."""
-    bootstrap: str = "127.0.0.1:9092"
-    """Kafka bootstrap servers (kind=kafka)."""
-    partitions: int = 1
-    """Partitions of the sample topics when this process creates them."""
-    log_dir: str | None = None
-    """kind=memory: keep the log in files here (history and commits survive the process, so a
-    run can resume and be replayed); None: purely in memory."""
-    retention: dict[str, Retention] = field(default_factory=dict)
-    """Per-topic retention over the defaults of ``streams.topics.RETENTION_MS``, applied when this
-    process creates the topics (env ``RLSTREAM_RETENTION``, see ``parse_retention``)."""
-    namespace: str = ""
-    """Run namespace scoping every topic and consumer group (``streams.topics.Namespace``);
-    "": the legacy unscoped names."""
-
-    @classmethod
-    def from_env(cls, kind: str | None = None, bootstrap: str | None = None,
-                 log_dir: str | None = None, namespace: str | None = None) -> "BusConfig":
-        """Flags win over the environment (RLSTREAM_BUS, KAFKA_BROKERS, RLSTREAM_NAMESPACE,
-        RLSTREAM_RETENTION)."""
-        try:
-            retention = parse_retention(os.environ.get(ENV_RETENTION, ""))
-        except ValueError as e:
-            raise SystemExit(f"{ENV_RETENTION}: {e}") from None
-        return cls(
-            kind=kind or os.environ.get(ENV_BUS, "memory"),
-            bootstrap=bootstrap or os.environ.get(ENV_KAFKA_BROKERS, "127.0.0.1:9092"),
-            log_dir=log_dir,
-            retention=retention,
-            namespace=(os.environ.get(ENV_NAMESPACE, "") if namespace is None else namespace).strip(),
-        )
-
-    def topics(self) -> Namespace:
-        """The namespace object (validates the name)."""
-        return Namespace(self.namespace)
-
-
 def episode_horizon(env_id: str, default: int = 1000) -> int:
-    """The env's registered ``max_episode_steps`` (``default`` when it has none)."""
+    """The env's registered ``max_episode_steps`` (``default`` when it has none); a
+    ``module:EnvId`` id imports its module first, as gymnasium does."""
+    import importlib
+
     import gymnasium as gym
 
-    from actor.envs import registered_spec
-
+    module, sep, name = env_id.partition(":")
+    if sep:
+        importlib.import_module(module)
     try:
-        steps = registered_spec(env_id).max_episode_steps
+        steps = gym.spec(name if sep else env_id).max_episode_steps
     except gym.error.Error:
         return default
     return int(steps) if steps else default
+
+
+def is_off(setting: str) -> bool:
+    """Whether a blob-cache setting (``RLSTREAM_BLOB_CACHE``, ``--blob-cache``) turns the cache off."""
+    return setting.strip().lower() in ("off", "none", "0")
+
+
+def cache_dir_of(setting: str | None) -> str | None:
+    """The host blob cache directory a setting (``--blob-cache``, ``RLSTREAM_BLOB_CACHE``) names:
+    unset or blank -> ``default_cache_dir()``; ``off`` -> None (no cache); else the directory given."""
+    if setting is None or not setting.strip():
+        return default_cache_dir()
+    return None if is_off(setting) else setting.strip()
+
+
+def default_cache_dir() -> str:
+    """The host blob cache's default directory: ``/dev/shm/rlstream-blobs-<uid>`` (memory-backed),
+    or the same under the temp directory where /dev/shm is not writable."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    return os.path.join(base, f"rlstream-blobs-{os.getuid()}")
 
 
 @dataclass(frozen=True)
@@ -100,7 +79,7 @@ class TrainConfig:
     num_actors: int = 1
     """Actors (co-located: in-process; decoupled: processes)."""
     num_envs: int | None = None
-    """Vector env width per actor; None: the algorithm's default (``agents.defaults.ALGO_DEFAULTS``)."""
+    """Vector env width per actor; None: the algorithm's default (``config.algos.ALGO_DEFAULTS``)."""
     fragment_steps: int | None = None
     """Steps per env per SampleBatch; None: train_batch_size // (num_envs * num_actors), or the
     env's episode horizon in group mode (``effective_fragment_steps``)."""
@@ -115,7 +94,7 @@ class TrainConfig:
     run_dir: EntryPoint[Path] = Path("runs/latest")
     """Where snapshots, the summary and the plot go."""
     run_id: EntryPoint[str] = ""
-    """Bound into logs and events; default: random."""
+    """Bound into logs and events; "": a random id, drawn once when the config is made."""
     snapshot_store: str | None = None
     """Snapshot store URL/path; None: <run_dir>/snapshots."""
     snapshot_every: int = 10
@@ -143,8 +122,8 @@ class TrainConfig:
     the actors; each host fetches the blob once)."""
     blob_cache: str | None = None
     """Directory of the host's one verified copy of each claim-checked blob, shared by its
-    processes (streams/blobcache.py); ``off``: each process fetches its own; None:
-    ``RLSTREAM_BLOB_CACHE``, else /dev/shm/rlstream-blobs-<uid>."""
+    processes (streams/blobcache.py); ``off``: each process fetches its own; None (and no
+    ``RLSTREAM_BLOB_CACHE`` at the entry point): /dev/shm/rlstream-blobs-<uid>."""
     breaker_open_above: float = 256.0
     """Circuit breaker: pause training when the stream processors' backlog on rl.samples.raw
     (records) passes this; the learner would otherwise keep versioning ahead of stale data."""
@@ -174,7 +153,7 @@ class TrainConfig:
     which an actor ``max_steps_ahead`` ahead of the learner waits for it."""
     fixed_fragments: bool = False
     """Decoupled, off-policy, no ``fragment_steps`` given: keep the fragment length fixed instead of
-    following that backlog (``learner.batch_size.BatchSizeController``, 32..256 steps per env)."""
+    following that backlog (``actor.fragment_size.FragmentSizeController``, 32..256 steps per env)."""
     actor_steps: int | None = None
     """Decoupled: env steps each actor collects before it stops; None: its share of the budget,
     ceil(total_steps / num_actors)."""
@@ -196,6 +175,8 @@ class TrainConfig:
     bus: EntryPoint[BusConfig] = field(default_factory=BusConfig)
 
     def __post_init__(self) -> None:
+        if not self.run_id:
+            object.__setattr__(self, "run_id", uuid.uuid4().hex[:12])
         d = algo_defaults(self.algo)
         for name in ("num_envs", "train_batch_size", "group_size"):
             if getattr(self, name) is None:
@@ -228,7 +209,8 @@ class TrainConfig:
         return 4 * max(self.train_batch_size, self.num_envs * self.effective_fragment_steps())
 
     def effective_run_id(self) -> str:
-        return self.run_id or os.environ.get(ENV_RUN_ID) or uuid.uuid4().hex[:12]
+        """The run id (drawn once, when the config was made, if none was given)."""
+        return self.run_id
 
     def effective_fragment_steps(self) -> int:
         if self.fragment_steps:
@@ -238,20 +220,21 @@ class TrainConfig:
         return max(1, self.train_batch_size // max(1, self.num_envs * self.num_actors))
 
     def snapshot_url(self) -> str:
-        return self.snapshot_store or os.environ.get(ENV_SNAPSHOT_STORE) or str(self.run_dir / "snapshots")
+        return self.snapshot_store or str(self.run_dir / "snapshots")
 
     def redis(self) -> str | None:
-        return self.redis_url or os.environ.get(ENV_REDIS_URL)
+        return self.redis_url or None
 
     def blob_cache_dir(self) -> str | None:
         """The host blob cache directory (None: off)."""
-        if self.blob_cache is None:
-            return default_cache_dir()
-        return None if is_off(self.blob_cache) else self.blob_cache
+        return cache_dir_of(self.blob_cache)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field as JSON values (``from_dict`` inverts it)."""
-        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
+        """Every field as JSON values but secrets (``from_dict`` inverts it)."""
+        d = json.loads(json.dumps(dataclasses.asdict(self), default=str))
+        for name in SECRET_FIELDS:
+            d["bus"].pop(name, None)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
@@ -259,7 +242,7 @@ class TrainConfig:
         d = dict(d)
         _check_fields(cls, d)
         bus = dict(d.pop("bus"))
-        _check_fields(BusConfig, bus)
+        _check_fields(BusConfig, bus, skip=SECRET_FIELDS)
         bus["retention"] = {k: Retention(**v) for k, v in bus["retention"].items()}
         streams = d.pop("streams")
         if streams is not None:
@@ -268,15 +251,19 @@ class TrainConfig:
                       "streams": None if streams is None else PrepareConfig(**streams)})
 
     def resolved(self) -> "TrainConfig":
-        """This config with what the environment or chance would decide filled in (run id, snapshot
-        store, redis, the blob cache, the stream-processor settings), so every process that reads it agrees."""
+        """This config with every default that depends on other fields filled in (snapshot store,
+        the blob cache, the stream-processor settings), so every process that reads it agrees."""
         return replace(self, run_id=self.effective_run_id(), snapshot_store=self.snapshot_url(),
                        redis_url=self.redis(), blob_cache=self.blob_cache_dir() or "off",
                        streams=self.prepare_config())
 
 
-def _check_fields(cls: type, d: dict[str, Any]) -> None:
-    names = {f.name for f in dataclasses.fields(cls)}
+#: ``BusConfig`` fields a run config file never holds (each process takes them from its environment).
+SECRET_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(BusConfig) if f.metadata.get("secret"))
+
+
+def _check_fields(cls: type, d: dict[str, Any], skip: tuple[str, ...] = ()) -> None:
+    names = {f.name for f in dataclasses.fields(cls)} - set(skip)
     if set(d) != names:
         raise ValueError(f"{cls.__name__}: unknown fields {sorted(set(d) - names)}, "
                          f"missing fields {sorted(names - set(d))}")
@@ -287,12 +274,16 @@ def write_config(cfg: TrainConfig, path: Path) -> Path:
     return write_run_config(cfg.to_dict(), path)
 
 
-def read_config(path: str | Path) -> TrainConfig:
-    """The ``TrainConfig`` of a run config file; a clear ``SystemExit`` if it cannot be used."""
+def read_config(path: str | Path, env: Environment | None = None) -> TrainConfig:
+    """The ``TrainConfig`` of a run config file, with the Kafka security settings of ``env`` (a
+    file never holds them); a clear ``SystemExit`` if it cannot be used."""
     try:
-        return TrainConfig.from_dict(read_run_config(path))
+        cfg = TrainConfig.from_dict(read_run_config(path))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise SystemExit(f"config file {path}: {e}") from None
+    if env is not None:
+        cfg = replace(cfg, bus=replace(cfg.bus, security=env.kafka_security()))
+    return cfg
 
 
 #: The ``TrainConfig`` fields set from the entry point's shared flags, not generated ones.

@@ -1,6 +1,6 @@
 """The one table of per-algorithm defaults: data collection, batching and the stream processors'
-staleness and importance settings. Pure data (no torch), read by ``agents.base`` (``is_on_policy``),
-``streams.processors.pipeline.PrepareConfig.for_algo`` and ``rlstream.config.TrainConfig``."""
+staleness and importance settings. Pure data, read by ``agents.base`` (``is_on_policy``),
+``config.PrepareConfig.for_algo`` and ``config.TrainConfig``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The run config file (``<run-dir>/config.json``): ``{"schema": N, "config": {...}}``, written
-once by ``rlstream train --mode decoupled`` and read by every child. Plain JSON here, so the Faust
-shell reads it without importing the entry point; ``rlstream.config`` maps it to ``TrainConfig``."""
+once by ``rlstream train --mode decoupled`` and read by every child; ``config.train`` maps it to
+``TrainConfig``."""
 
 from __future__ import annotations
 

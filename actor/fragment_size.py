@@ -1,16 +1,15 @@
-"""Dynamic learner batch size, 32..256, driven by load. Pure: no I/O, no clock.
+"""Dynamic fragment length of an off-policy decoupled actor, 32..256 steps per env, driven by
+the stream processors' backlog (``actor.flow.Backpressure``; reported as ``rlstream_batch_size``).
+Pure: no I/O, no clock. (It sizes what an actor sends per SampleBatch, not the learner's batch.)
 
 Why it moves:
 
-* **Grow when a backlog builds.** Every gradient step has a fixed cost (kernel
-  launches, optimizer, publishing a policy version, committing offsets). When
-  samples queue up faster than the learner drains them, a bigger batch amortises
-  that fixed cost over more samples, so the learner drains the backlog faster
-  instead of training on ever older data.
-* **Shrink when the queue is near empty.** With nothing waiting, a big batch
-  only makes the learner wait for samples to accumulate and publish new policies
-  less often: policy lag and sample staleness go up for no throughput gain.
-  Small batches keep the loop tight and the data fresh.
+* **Grow when a backlog builds.** Every SampleBatch has a fixed cost (an event, a record, a
+  reorder and staleness check, a commit). When batches queue up faster than the processors
+  drain them, longer fragments amortise that cost over more samples.
+* **Shrink when the queue is near empty.** With nothing waiting, a long fragment only delays
+  the samples (and their policy version) reaching the learner: staleness goes up for no
+  throughput gain. Short fragments keep the data fresh.
 * **Respect a step-time budget (optional).** A step that takes longer than
   ``max_step_s`` delays every policy version. The controller does not grow if
   the next size is predicted to exceed the budget (the step time seen at that
@@ -32,13 +31,13 @@ a change can never immediately trigger the opposite change: after growing
 and after shrinking ``b -> a`` it becomes ``ratio * b / a <= shrink_at * b / a
 < grow_at``. No oscillation with a steady signal.
 
-Usage in the learner loop::
+Usage in the actor's flow control::
 
-    ctl = BatchSizeController()
+    ctl = FragmentSizeController()
     while running:
-        size = ctl.update(backlog=consumer_lag_samples, step_time_s=last_step_s)
+        size = ctl.update(backlog=processor_backlog_batches, step_time_s=last_step_s)
         metrics.set_batch_size(size)
-        batch = take(size)
+        fragment = collect(size)
         ...
 """
 
@@ -47,13 +46,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["BatchSizeController", "DEFAULT_SIZES"]
+__all__ = ["FragmentSizeController", "DEFAULT_SIZES"]
 
 #: Default ladder: powers of two between 32 and 256.
 DEFAULT_SIZES: tuple[int, ...] = (32, 64, 128, 256)
 
 
-class BatchSizeController:
+class FragmentSizeController:
     """Chooses the next batch size from backlog and step time.
 
     Args:
@@ -118,10 +117,6 @@ class BatchSizeController:
     @property
     def size(self) -> int:
         return self.sizes[self._idx]
-
-    @property
-    def smoothed_backlog(self) -> float | None:
-        return self._backlog
 
     def update(self, backlog: float, step_time_s: float | None = None) -> int:
         """Feed one observation (samples waiting; duration of the last step) and get the size.

@@ -1,0 +1,93 @@
+"""Settings of the bus: backend, brokers, partitions, retention, namespace, client security."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from config.env import ENV_RETENTION, Environment
+from config.limits import DEFAULT_BOOTSTRAP
+
+DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Kafka's ``retention.ms`` and ``retention.bytes`` (per partition) of one topic; -1: unbounded."""
+
+    ms: int = -1
+    bytes: int = -1
+
+    def config(self) -> dict[str, str]:
+        return {"retention.ms": str(self.ms), "retention.bytes": str(self.bytes)}
+
+
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": DAY_MS}
+_UNITS_BYTES = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_retention(text: str) -> dict[str, Retention]:
+    """``"rl.samples.raw=7d,rl.samples.prepared=30d/50g,rl.preferences=forever"`` -> per-topic
+    ``Retention``: a time (``ms``/``s``/``m``/``h``/``d`` suffix, ``forever`` or -1), optionally
+    ``/`` a size per partition (``k``/``m``/``g``/``t`` suffix, powers of 1024). Raises ValueError
+    naming what is wrong; a topic without a retention default is refused where the topics are
+    made (``streams.topics.all_topics``)."""
+    out: dict[str, Retention] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        topic, sep, value = item.partition("=")
+        if not sep or not topic.strip().startswith("rl."):
+            raise ValueError(f"retention {item!r}: expected TOPIC=TIME[/SIZE] with TOPIC an rl.* topic")
+        when, _, size = value.strip().partition("/")
+        out[topic.strip()] = Retention(_amount(when, _UNITS_MS, item), _amount(size or "-1", _UNITS_BYTES, item))
+    return out
+
+
+def _amount(text: str, units: dict[str, int], item: str) -> int:
+    text = text.strip().lower()
+    if text in ("forever", "-1"):
+        return -1
+    m = re.fullmatch(r"(\d+)\s*([a-z]*)", text)
+    if m is None or m[2] not in units:
+        raise ValueError(f"retention {item!r}: cannot read {text!r} (units: {', '.join(u for u in units if u)})")
+    return int(m[1]) * units[m[2]]
+
+
+@dataclass(frozen=True)
+class BusConfig:
+    kind: str = "memory"
+    """memory (in-process, co-located default) or kafka."""
+    bootstrap: str = DEFAULT_BOOTSTRAP
+    """Kafka bootstrap servers (kind=kafka)."""
+    partitions: int = 1
+    """Partitions of the sample topics when this process creates them."""
+    log_dir: str | None = None
+    """kind=memory: keep the log in files here (history and commits survive the process, so a
+    run can resume and be replayed); None: purely in memory."""
+    retention: dict[str, Retention] = field(default_factory=dict)
+    """Per-topic retention over the defaults of ``streams.topics.RETENTION_MS``, applied when this
+    process creates the topics (env ``RLSTREAM_RETENTION``, see ``parse_retention``)."""
+    namespace: str = ""
+    """Run namespace scoping every topic and consumer group (``streams.topics.Namespace``);
+    "": the legacy unscoped names."""
+    security: dict[str, str] = field(default_factory=dict, compare=False, repr=False,
+                                     metadata={"secret": True})
+    """librdkafka security settings (``security.protocol``, ``sasl.*``, ``ssl.*``) from
+    ``RLSTREAM_KAFKA_*``; never written to a run config file (each process reads its own)."""
+
+    @classmethod
+    def from_environment(cls, env: Environment, kind: str | None = None, bootstrap: str | None = None,
+                         log_dir: str | None = None, namespace: str | None = None) -> "BusConfig":
+        """Flags win over the environment (RLSTREAM_BUS, KAFKA_BROKERS, RLSTREAM_NAMESPACE,
+        RLSTREAM_RETENTION, RLSTREAM_KAFKA_*)."""
+        try:
+            retention = parse_retention(env.retention)
+        except ValueError as e:
+            raise SystemExit(f"{ENV_RETENTION}: {e}") from None
+        return cls(
+            kind=kind or env.bus or "memory",
+            bootstrap=bootstrap or env.kafka_brokers or DEFAULT_BOOTSTRAP,
+            log_dir=log_dir,
+            retention=retention,
+            namespace=((env.namespace or "") if namespace is None else namespace).strip(),
+            security=env.kafka_security(),
+        )

@@ -1,0 +1,1 @@
+"""The policy layer, one module per idea; ``streams.policies`` is its public surface."""
