@@ -147,8 +147,9 @@ def test_every_field_is_a_flag_that_parses_back(tmp_path, monkeypatch):
 
 
 def test_a_config_file_of_another_schema_or_with_unknown_or_missing_fields_is_refused(tmp_path):
-    path = write_config(TrainConfig(run_dir=tmp_path), tmp_path / CONFIG_FILE)
-    assert read_config(path) == TrainConfig(run_dir=tmp_path)
+    cfg = TrainConfig(run_dir=tmp_path)
+    path = write_config(cfg, tmp_path / CONFIG_FILE)
+    assert read_config(path) == cfg
     doc = json.loads(path.read_text())
     for change, reason in ((lambda d: d.update(schema=2), "schema 2"),
                            (lambda d: d["config"].update(num_env=3), "unknown fields \\['num_env'\\]"),
@@ -158,3 +159,12 @@ def test_a_config_file_of_another_schema_or_with_unknown_or_missing_fields_is_re
         path.write_text(json.dumps(bad))
         with pytest.raises(SystemExit, match=reason):
             read_config(path)
+
+
+def test_a_config_draws_its_run_id_once():
+    """An unset run id is drawn when the config is made and never again (every process that reads
+    the config, and every copy of it, agrees); two configs made apart get two ids."""
+    cfg = TrainConfig()
+    assert cfg.run_id and cfg.effective_run_id() == cfg.effective_run_id() == cfg.run_id
+    assert replace(cfg, seed=3).run_id == cfg.run_id == TrainConfig.from_dict(cfg.to_dict()).run_id
+    assert TrainConfig().run_id != cfg.run_id and TrainConfig(run_id="given").run_id == "given"
