@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from config.env import Environment  # noqa: E402
+from config.limits import DEFAULT_BOOTSTRAP  # noqa: E402
 
 from schemas.codec import Codec  # noqa: E402
 from schemas.examples import sample_batch, sample_batch_of_size  # noqa: E402
@@ -145,7 +146,7 @@ def run_case(bus: Bus, payloads: list[bytes], seconds: float | None, count: int 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bootstrap", default=Environment.read().kafka_brokers or "127.0.0.1:9092")
+    ap.add_argument("--bootstrap", default=Environment.read().kafka_brokers or DEFAULT_BOOTSTRAP)
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--seconds", type=float, default=None, help="produce for this long per case (default 2)")
     g.add_argument("--count", type=int, default=None, help="events per case")

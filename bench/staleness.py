@@ -33,6 +33,7 @@ queue's own lag (about one version) to K. Needs ``KAFKA_BROKERS``.
 from __future__ import annotations
 
 from config.env import Environment
+from config.limits import DEFAULT_BOOTSTRAP
 
 import argparse
 import copy
@@ -217,7 +218,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.decoupled and "ppo" in args.algos:
         ap.error("--decoupled runs AGRO and TBA (--algos agro tba): decoupled PPO's lag is its flow's, not K")
-    bootstrap = Environment.read().kafka_brokers or "127.0.0.1:9092"
+    bootstrap = Environment.read().kafka_brokers or DEFAULT_BOOTSTRAP
     out = args.out or Path("runs/bench-staleness") / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
