@@ -42,7 +42,8 @@ def test_sasl_round_trip_and_a_clear_error_for_wrong_credentials(private_kafka, 
     topic = f"sasl-{uuid.uuid4().hex[:8]}"
     # -- the right password: everything the roles do goes through the SASL listener
     sasl_env(monkeypatch, "svc", private_kafka.users["svc"])
-    with KafkaBus(private_kafka.sasl_bootstrap, client_id="sasl-test",
+    monkeypatch.setenv("KAFKA_BROKERS", private_kafka.sasl_bootstrap)  # what the entry points read
+    with KafkaBus(private_kafka.sasl_bootstrap, client_id="sasl-test", config=Environment.read().kafka_security(),
                   consumer_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}) as bus:
         assert bus.producer_config["security.protocol"] == "SASL_PLAINTEXT"
         bus.create_topics([TopicSpec(topic, key="k")])
@@ -58,7 +59,7 @@ def test_sasl_round_trip_and_a_clear_error_for_wrong_credentials(private_kafka, 
         assert [r.value for r in got] == [b"v0", b"v1", b"v2"] and got[0].headers == {"h": b"1"}
         assert bus.group_lag("sasl-group", topic) == 0
 
-    settings = StreamsSettings.from_environment(Environment({"KAFKA_BROKERS": private_kafka.sasl_bootstrap}))
+    settings = StreamsSettings.from_environment(Environment.read())
     assert settings.client_config["sasl.username"] == "svc"
 
     async def aiokafka_round_trip(kwargs: dict) -> list[bytes]:
@@ -93,7 +94,7 @@ def test_sasl_round_trip_and_a_clear_error_for_wrong_credentials(private_kafka, 
 
     # -- a wrong password: a clear error, quickly, not a timeout
     sasl_env(monkeypatch, "svc", "not-the-password")
-    bus = KafkaBus(private_kafka.sasl_bootstrap, client_id="sasl-test-wrong")
+    bus = KafkaBus(private_kafka.sasl_bootstrap, client_id="sasl-test-wrong", config=Environment.read().kafka_security())
     with pytest.raises(BusAuthenticationError) as info:  # the refusal itself, not a timeout error
         bus.create_topics([TopicSpec(f"{topic}-2", key="k")], timeout=30)
     msg = str(info.value)
@@ -105,7 +106,7 @@ def test_sasl_round_trip_and_a_clear_error_for_wrong_credentials(private_kafka, 
     assert "not-the-password" not in str(again.value)
     bus.close(timeout=1)
 
-    wrong = StreamsSettings.from_environment(Environment({"KAFKA_BROKERS": private_kafka.sasl_bootstrap}))
+    wrong = StreamsSettings.from_environment(Environment.read())
     from aiokafka.errors import KafkaError as AIOKafkaError
 
     async def aiokafka_refused() -> None:
