@@ -2,6 +2,7 @@
 # GPU learner benchmarks in one go, for a machine with one CUDA GPU; writes $OUT/gpu_bench.json.
 #
 #   OUT=/tmp/gpu PY=python3 bash bench/gpu.sh            # DEVICE=cpu to dry-run it without a GPU
+#   ONLY='gpu_metrics|learner_ranks' ENVS= bash bench/gpu.sh   # a subset
 #
 # 1. bench/update.py, PPO (CleanRL settings) and AGRO, batch 2048 x N for N in $ENVS, on the GPU and
 #    on the CPU with every core (the peer figure; 1 thread too for the small batches);
@@ -15,7 +16,8 @@ ROOT=${ROOT:-$(cd "$HERE/.." && pwd)}        # the repository (its packages and 
 OUT=${OUT:-/tmp/gpu_bench}
 PY=${PY:-python3}
 DEVICE=${DEVICE:-cuda}
-ENVS=${ENVS:-"1 8 32 128"}
+ENVS=${ENVS-"1 8 32 128"}                 # ENVS="" skips the update matrix
+ONLY=${ONLY:-.}                              # an extended regex: only runs whose name matches it run
 DEADLINE=${DEADLINE:-300}                    # no run starts after this many seconds
 HARD=${HARD:-370}                            # and none runs past this
 THREADS=${THREADS:-$(nproc)}
@@ -26,6 +28,7 @@ cd "$ROOT" || exit 1
 
 run() {  # run NAME TIMEOUT CMD...: its JSON to $RUNS/NAME.json, its output to the log
     local name=$1 limit=$2; shift 2
+    echo "$name" | grep -Eq -- "$ONLY" || return 0
     if (( SECONDS > DEADLINE )); then echo "## skip $name (past ${DEADLINE}s)"; return; fi
     (( HARD - SECONDS < limit )) && limit=$((HARD - SECONDS))
     echo "## $name: $* (t=${SECONDS}s)"
@@ -49,6 +52,11 @@ updates_for() { case $1 in 1|8) echo 10;; 32) echo 5;; *) echo 3;; esac; }
         "cpus": os.cpu_count(), "cudnn": torch.backends.cudnn.version()}))' >"$RUNS/versions.json"
     cat "$RUNS/smi.csv" "$RUNS/versions.json"
 
+    # the short runs first, then the matrix; a 1-thread CPU peer beside the small batches
+    run gpu_metrics 90 "$PY" "$HERE/gpu_metrics.py" --device "$DEVICE" --seconds 8
+    rdev=$([ "$DEVICE" = cuda ] && echo cuda:0 || echo "$DEVICE")
+    run learner_ranks_default 120 "$PY" bench/learner_ranks.py --ranks 1 --device "$rdev"
+    run learner_ranks_16k 120 "$PY" bench/learner_ranks.py --ranks 1 --device "$rdev" --fragments 16 --n 16
     for n in $ENVS; do
         u=$(updates_for "$n")
         for algo in ppo agro; do
@@ -56,15 +64,9 @@ updates_for() { case $1 in 1|8) echo 10;; 32) echo 5;; *) echo 3;; esac; }
                 --updates 10 --device "$DEVICE"
             run "update_${algo}_n${n}_cpu_t${THREADS}" 120 "$PY" "$HERE/update.py" --algo "$algo" --num-envs "$n" \
                 --updates "$u" --threads "$THREADS"
-        done
-    done
-    run gpu_metrics 90 "$PY" "$HERE/gpu_metrics.py" --device "$DEVICE" --seconds 8
-    rdev=$([ "$DEVICE" = cuda ] && echo cuda:0 || echo "$DEVICE")
-    run learner_ranks_default 120 "$PY" bench/learner_ranks.py --ranks 1 --device "$rdev"
-    run learner_ranks_16k 120 "$PY" bench/learner_ranks.py --ranks 1 --device "$rdev" --fragments 16 --n 16
-    for n in 1 8; do
-        for algo in ppo agro; do
-            run "update_${algo}_n${n}_cpu_t1" 120 "$PY" "$HERE/update.py" --algo "$algo" --num-envs "$n" --updates 5
+            if (( n <= 8 )); then
+                run "update_${algo}_n${n}_cpu_t1" 120 "$PY" "$HERE/update.py" --algo "$algo" --num-envs "$n" --updates 5
+            fi
         done
     done
 
