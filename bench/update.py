@@ -4,6 +4,7 @@ fixed synthetic HalfCheetah-shaped batch, and optionally print its top profile e
 
     python bench/update.py --updates 5 --profile 15
     python bench/update.py --algo agro --updates 5
+    python bench/update.py --device cuda --num-envs 32 --updates 10   # 65,536 x 1 batch on the GPU
 """
 
 from __future__ import annotations
@@ -54,15 +55,18 @@ def main() -> None:
     else:
         algo = PPO(PPOConfig(), obs_dim=17, act_dim=6, device=args.device)
     batch = synthetic_batch(args.steps, args.num_envs, 17, 6)
+    cuda = torch.device(args.device).type == "cuda"
     algo.update(batch)  # warm-up
     prof = cProfile.Profile() if args.profile else None
     times, cpu = [], []
     for _ in range(args.updates):
         if prof:
             prof.enable()
+        if cuda:
+            torch.cuda.synchronize()  # nothing queued before the clock starts
         t0, c0 = time.perf_counter(), time.process_time()
-        algo.update(batch)
-        if args.device.startswith("cuda"):
+        algo.update(batch)  # the batch starts on the host each time: its copy to the device is timed
+        if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
@@ -74,6 +78,8 @@ def main() -> None:
            "samples_per_s": round(args.steps * args.num_envs * algo.config.update_epochs / float(np.median(times)), 1),
            "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
                     "threads": args.threads, "loadavg_1m": round(os.getloadavg()[0], 2)}}
+    if cuda:
+        out["host"].update(gpu=torch.cuda.get_device_name(algo.device), cuda=torch.version.cuda)
     if prof:
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(args.profile)

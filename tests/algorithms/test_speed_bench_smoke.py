@@ -38,6 +38,14 @@ def test_update_bench_profiles_one_ppo_update_and_times_agro():
     assert doc["bench"] == "agro_update" and doc["batch"] == 256 and doc["update_cpu_s_median"] > 0
 
 
+def test_gpu_metrics_bench_without_a_gpu_scrapes_under_load_and_reports_the_families_absent():
+    doc = bench("bench/gpu_metrics.py", "--device", "cpu", "--seconds", "1", "--idle", "0.3", "--num-envs", "1",
+                env={"CUDA_VISIBLE_DEVICES": ""})
+    assert doc["gpu_enabled"] is False and doc["gpu_utilization_enabled"] is False and doc["gpu_series"] == []
+    assert doc["load"]["updates"] >= 1 and doc["under_load"]["scrapes"] >= 1 and doc["idle_before"]["scrapes"] >= 1
+    assert doc["without_pynvml"] == {"gpu_enabled": False, "gpu_utilization_enabled": False, "gpu_series": []}
+
+
 def test_peers_bench_runs_sb3_and_rlstream_and_says_why_cleanrl_is_missing():
     pytest.importorskip("stable_baselines3")
     doc = bench("bench/peers.py", "--env", "InvertedPendulum-v5", "--steps", "2048", "--seeds", "1")
