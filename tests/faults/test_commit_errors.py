@@ -84,7 +84,9 @@ def test_a_commit_without_a_coordinator_is_retried_then_given_up(private_kafka, 
 @pytest.mark.slow
 def test_a_commit_rides_out_a_broker_restart(private_kafka, monkeypatch):
     """The member's session outlasts the outage (a short one would be fenced on the restarted
-    coordinator: the first test's path)."""
+    coordinator: the first test's path). librdkafka may hold a commit sent just as the broker
+    went away until the coordinator is back, or answer ``_WAIT_COORD`` (which ``commit`` retries): either
+    way the commit blocks, then lands, and nothing is counted."""
     monkeypatch.setattr(kafka_mod, "COMMIT_RETRY_S", 150.0)
     long_session = {"session.timeout.ms": 120_000, "heartbeat.interval.ms": 1000, "max.poll.interval.ms": 300_000}
     with KafkaBus(private_kafka.bootstrap, client_id="member-a", consumer_config=long_session) as bus:
