@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from .recorded import UPDATES, copy_run
-from .test_verify_colocated import cli
 from logtools.timetravel.record import load
 from logtools.timetravel.verify import MISSING, format_report, verify
 from schemas.codec import Codec
@@ -20,6 +18,9 @@ from streams.bus.filelog import encode_frame, read_partition
 from streams.policies import RedisBlobStore
 from streams.topics import POLICY_VERSIONS
 from tests.ops.conftest import redis_server_url  # noqa: F401  (fixture)
+
+from .recorded import UPDATES, copy_run
+from .test_verify_colocated import cli
 
 pytestmark = pytest.mark.redis
 
