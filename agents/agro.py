@@ -135,6 +135,29 @@ class AGRO(BaseAlgorithm):
         self.reward_scaler = RewardScaler(gamma=config.gamma, clip=config.reward_clip)
         self._init_reference()
 
+    #: The mean sample weight over the whole step's batch when it is split across data-parallel
+    #: ranks (set by ``learner.distributed.DataParallel`` around each update, from every rank's
+    #: ``weight_totals``); None: this batch is the whole step's, its own mean is used.
+    group_weight_mean: Optional[float] = None
+
+    def _loss_mask(self, batch: TrajectoryBatch) -> Optional[Tensor]:
+        """The valid samples the loss averages over."""
+        if self.config.baseline == "group":
+            return rollout_mask(batch.terminated, batch.truncated, batch.mask)
+        return batch.mask
+
+    def weight_totals(self, batch: TrajectoryBatch) -> Optional[tuple[float, float]]:
+        """``(sum, count)`` of the per-sample weights ``decay_lr`` averages (None: no weights), so a
+        data-parallel group can give every rank the mean of the whole step's batch."""
+        weights = self._sample_weights(batch.to(self.device))
+        if weights is None or not self.config.decay_lr:
+            return None
+        mask = self._loss_mask(batch.to(self.device))
+        if mask is None:
+            return float(weights.sum()), float(weights.numel())
+        m = mask.to(weights.dtype)
+        return float((weights * m).sum()), float(m.sum())
+
     # ---- hooks (TBA overrides) -----------------------------------------------------------
     def _sample_weights(self, batch: TrajectoryBatch) -> Optional[Tensor]:
         """Per-sample ``[T, N]`` loss weights, or None for all ones."""
@@ -147,7 +170,9 @@ class AGRO(BaseAlgorithm):
         lr = self.config.learning_rate
         if weights is None or not self.config.decay_lr:
             return weights, lr
-        mean = float(masked_mean(weights, mask))
+        mean = self.group_weight_mean
+        if mean is None:
+            mean = float(masked_mean(weights, mask))
         return (weights / mean if mean > 0 else torch.zeros_like(weights)), lr * mean
 
     # ---- advantages ----------------------------------------------------------------------
@@ -197,9 +222,7 @@ class AGRO(BaseAlgorithm):
         batch = batch.to(self.device)
         if cfg.ref_update_interval > 0 and self.step % cfg.ref_update_interval == 0:
             self.sync_reference()
-        mask = batch.mask
-        if cfg.baseline == "group":
-            mask = rollout_mask(batch.terminated, batch.truncated, mask)
+        mask = self._loss_mask(batch)
         adv, ret, old_values, scale, metrics = self._advantages(batch, mask)
         def spread(x: Tensor) -> Tensor:
             return torch.sqrt(masked_mean((x - masked_mean(x, mask)).pow(2), mask))

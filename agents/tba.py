@@ -194,6 +194,17 @@ class TBA(AGRO):
             w = w * batch.sample_weight
         return w
 
+    def weight_totals(self, batch: TrajectoryBatch) -> Optional[tuple[float, float]]:
+        if self.config.objective == "agro" or not self.config.decay_lr:
+            return super().weight_totals(batch)
+        w_raw = self._rollout_weights(batch.to(self.device))  # the TB step's lr scales with their mean
+        return float(w_raw.sum()), float(w_raw.numel())
+
+    def _rollout_weights(self, batch: TrajectoryBatch) -> Tensor:
+        """Per rollout (column): the mean sample weight over its valid steps."""
+        m = rollout_mask(batch.terminated, batch.truncated, batch.mask).to(torch.float32)
+        return (self._sample_weights(batch) * m).sum(0) / m.sum(0).clamp_min(1.0)
+
     def set_learning_rate(self, lr: float) -> None:
         self.optimizer.param_groups[0]["lr"] = lr  # the log Z group keeps its own rate
 
@@ -210,7 +221,7 @@ class TBA(AGRO):
         mask = rollout_mask(batch.terminated, batch.truncated, batch.mask)
         m = mask.to(torch.float32)
         R = rollout_returns(batch.rewards, mask, 1.0)
-        w_raw = (self._sample_weights(batch) * m).sum(0) / m.sum(0).clamp_min(1.0)  # per rollout
+        w_raw = self._rollout_weights(batch)
         w_col, lr = self._step_weights(w_raw, None)
         self.set_learning_rate(lr)
         with torch.no_grad():

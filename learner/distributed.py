@@ -222,16 +222,26 @@ class DataParallel:
     def update(self, batch: Any, n_local: int) -> dict[str, float]:
         """``algo.update`` on this rank's share (``batch`` is None when it holds nothing), gradients
         weighted by ``n_local`` over the global count; identical state on every rank afterwards."""
-        counts = self.gather(n_local)
+        totals = getattr(self.algo, "weight_totals", None)  # AGRO/TBA: the step's lr follows the mean weight
+        mine = totals(batch) if totals is not None and batch is not None and n_local else None
+        shares = self.gather((n_local, mine))
+        counts = [n for n, _ in shares]
         src = max(range(self.world), key=lambda r: (counts[r], -r))  # the rank that trained most
         self.sync.weight = n_local / max(1, sum(counts))
         self.sync.uneven = False
+        weighted = [t for _, t in shares if t is not None]
+        if weighted:  # every rank steps with the group's mean weight, as one learner on the union
+            total, count = sum(t[0] for t in weighted), sum(t[1] for t in weighted)
+            self.algo.group_weight_mean = total / count if count > 0 else 0.0
         try:
             metrics = self.algo.update(batch) if n_local else {}
             self.sync.finish()
         except PeerLost:
             self.broken = True
             raise
+        finally:
+            if weighted:
+                self.algo.group_weight_mean = None
         if self.sync.uneven:  # different numbers of optimizer steps: the state of rank src wins
             self.uneven_updates += 1
             state, metrics = self.broadcast((self.algo.state_dict(), metrics) if self.rank == src else None, src)

@@ -148,8 +148,26 @@ def test_probe_agrees_with_the_real_broker(kafka_bootstrap, via):
 
 @pytest.mark.parametrize("via", ["confluent-kafka", "java"])
 def test_probe_closed_port_not_ready_with_either_client(via):
+    """The TCP check comes first: neither client is asked about a closed port."""
     out = probe("127.0.0.1", free_port(), timeout=0.5, via=via)
     assert not out["listening"] and not out["ready"] and "connect" in out["error"]
+    assert out["via"] is None  # no client ran
+
+
+@pytest.mark.parametrize("via", ["confluent-kafka", "java"])
+def test_probe_listener_that_is_not_kafka_with_either_client(serve, via):
+    """A port that accepts and hangs up: the client itself (Kafka's Java tool for ``java``)
+    must say it is not Kafka."""
+    if via == "java" and not broker.is_fetched(broker.default_version()):
+        msg = "Kafka jars not fetched: the java probe has no tool to run"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    srv = serve(lambda conn: None)
+    out = probe("127.0.0.1", srv.port, timeout=2, via=via)
+    assert out["listening"] and not out["kafka"] and not out["ready"] and out["via"] == via, out
+    if via == "java":  # the answer came from the tool's JVM, not from the TCP check
+        assert out["error"].startswith("kafka-broker-api-versions exit"), out
 
 
 def test_port_held_by_non_kafka_is_refused(serve, tmp_path):

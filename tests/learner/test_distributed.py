@@ -3,6 +3,7 @@ learner's on the union; uneven minibatch counts neither hang nor split the ranks
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import multiprocessing as mp
 
@@ -33,8 +34,8 @@ def _rank(rank: int, world: int, port: int, jobs, out) -> None:
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                          world_size=world, timeout=datetime.timedelta(seconds=60))
-    for j, (overrides, compression, plan) in enumerate(jobs):
-        algo = make_algorithm("ppo", OBS, ACT, overrides, "cpu")
+    for j, (overrides, compression, plan, *name) in enumerate(jobs):
+        algo = make_algorithm(name[0] if name else "ppo", OBS, ACT, overrides, "cpu")
         dp = DataParallel(algo, rank, world, compression)
         ids = StreamIds()
         for shares in plan:
@@ -143,3 +144,20 @@ def test_the_decoupled_parent_passes_the_rank_settings_to_its_learner(tmp_path):
     assert (child.learners, child.device, child.grad_compression) == (2, "cpu", "bf16")
     learner_cmd = child_commands(cfg, path)["learner"]
     assert learner_cmd[3:] == ["learner", "--config", str(path), "--log-json"]
+
+
+@pytest.mark.parametrize("name", ["agro", "tba"])
+def test_down_weighted_shares_keep_the_ranks_one_learner(name):
+    """AGRO/TBA turn the batch's mean sample weight into the step's learning rate (``decay_lr``).
+    One rank holding the stale (down-weighted) fragments and the other the fresh ones must still
+    step with the group's mean weight, not each its own, or the ranks' weights drift apart. (Not
+    compared with one learner on the union to 1e-6: AGRO's in-loss baseline is a per-minibatch
+    mean, each rank's own, as PPO's advantage normalisation is.)"""
+    glob = [[dataclasses.replace(b, sample_weight=0.25 if j % 2 == 0 else 1.0, staleness_versions=6 if j % 2 == 0 else 0)
+             for j, b in enumerate(batches)] for batches in updates(2)]
+    plan = [[batches[0::2], batches[1::2]] for batches in glob]  # rank 0: every stale fragment
+    over = {**EXACT, "update_epochs": 1}
+    before = params(make_algorithm(name, OBS, ACT, over, "cpu"))
+    got = run_ranks([(over, "none", plan, name)])[0]
+    assert not torch.equal(before, got[0][0])
+    assert torch.equal(got[0][0], got[1][0]), "the ranks' weights drifted apart"

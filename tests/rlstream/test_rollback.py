@@ -3,13 +3,33 @@ subscriber with K's weights; clear errors for a missing snapshot or store."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
+import torch
 
+from agents.networks import Policy
 from learner.snapshots import open_store
 from logtools.rollback import RollbackError, rollback
 from logtools.subscribe import PolicyFeed
+from config import BusConfig
+from rlstream.wiring import build_bus, build_events
+from schemas.codec import Codec
+from schemas.events import PolicyVersion
+from schemas.weights import decode_weights
+from streams.policies import (
+    RedisBlobStore,
+    make_policy_version,
+    publish_policy_version,
+    weights_bytes,
+)
+from streams.topics import POLICY_VERSIONS
+from tests.ops.conftest import redis_server_url  # noqa: F401  (fixture)
+from tests.timetravel.test_verify_colocated import ROOT
 
 
 @pytest.fixture
@@ -109,3 +129,56 @@ def test_rollback_of_snapshots_a_learner_wrote(events, pv, tmp_path):
     assert u.version == 4 and u.parent_version == 1
     state = u.policy.state_dict()
     assert all(np.array_equal(state[k].numpy(), weights1[k].numpy()) for k in weights1)
+
+
+@pytest.mark.redis
+def test_the_rollback_command_reads_and_writes_claim_checked_weights(tmp_path, redis_server_url):  # noqa: F811
+    """A run whose versions go by claim check (Redis): ``rlstream rollback`` takes the store from
+    REDIS_URL, so it reads the fleet's architecture (relu, not the ppo default tanh) from the
+    newest version's claim-checked weights, and publishes the new version by claim check too
+    (weights over ``claim_check_above``)."""
+    log = tmp_path / "log"
+    bus = build_bus(BusConfig(kind="memory", log_dir=str(log)))
+    blobs = RedisBlobStore(redis_server_url)
+    store = open_store(tmp_path / "snaps", keep_last=None)
+    policies, keys = {}, []
+    for v in range(3):
+        torch.manual_seed(v)
+        policies[v] = Policy(3, 2, hidden=(512, 512), activation="relu")  # ~2 MB: over the 1 MiB claim-check size
+        pv = make_policy_version(policies[v], policy_id="policy", version=v, parent_version=v - 1 if v else None,
+                                 learner_id="L", algo="ppo", blob_store=blobs, claim_check_above=0)
+        keys.append(pv.weights_ref.key)
+        publish_policy_version(build_events(bus, None), pv)
+        store.save(v, policies[v].state_dict(), {"algo": "ppo"})  # an old snapshot: no "arch" in it
+    bus.close()
+    try:
+        _rollback_by_command(tmp_path, log, store, blobs, policies, keys, redis_server_url)
+    finally:
+        import redis
+
+        redis.Redis.from_url(redis_server_url).delete(*keys)
+
+
+def _rollback_by_command(tmp_path, log, store, blobs, policies, keys, redis_url):
+    env = {**os.environ, "REDIS_URL": redis_url, "RLSTREAM_BLOB_CACHE": str(tmp_path / "blobs"),
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.run([sys.executable, "-m", "rlstream.cli", "rollback", "--log-dir", str(log), "--to", "1",
+                        "--snapshot-store", str(store.path), "--metrics-port", "-1"],
+                       cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    result = json.loads(p.stdout.strip().splitlines()[-1])
+    assert result["new_version"] == 3 and result["arch_source"] == "version 2", result
+    assert result["arch"]["activation"] == "relu" and result["arch"]["hidden"] == [512, 512]
+    bus = build_bus(BusConfig(kind="memory", log_dir=str(log)))
+    try:
+        records = list(bus.read_all(POLICY_VERSIONS))
+    finally:
+        bus.close()
+    new = Codec().decode(records[-1].value, PolicyVersion)
+    assert new.version == 3 and new.parent_version == 1
+    assert new.weights is None and new.weights_ref is not None  # published by claim check
+    keys.append(new.weights_ref.key)
+    assert new.weights_ref.sha256 == result["weights_sha256"]
+    state, arch = decode_weights(weights_bytes(new, blobs))
+    assert arch["activation"] == "relu"
+    assert all(torch.equal(state[k], t) for k, t in policies[1].state_dict().items())

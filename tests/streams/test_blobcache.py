@@ -31,6 +31,7 @@ from streams.policies import (
 )
 from tests.ops.conftest import redis_server_url  # noqa: F401  (fixture)
 from tests.streams.test_policies import policy, same
+from tests.support import wait_for
 
 
 def digest(data: bytes) -> str:
@@ -70,10 +71,30 @@ def test_readers_racing_for_one_blob_wait_for_the_one_fetch(tmp_path):
         digest(data), len(data), slow)))) for _ in range(4)]
     for t in readers:
         t.start()
-    threading.Timer(0.3, gate.set).start()
+    try:  # the gate opens once one reader fetches and the other three wait on its lock
+        wait_for(lambda: calls and blocked_flocks(str(tmp_path / digest(data)) + ".lock") == 3, 20,
+                 "one reader fetching and three blocked on its lock", every=0.01)
+    finally:
+        gate.set()
     for t in readers:
         t.join(20)
     assert got == [data] * 4 and len(calls) == 1
+
+
+def blocked_flocks(lock_path: str) -> int:
+    """How many ``flock`` requests wait on ``lock_path`` (Linux ``/proc/locks``: ``-> FLOCK``)."""
+    try:
+        ino = os.stat(lock_path).st_ino
+    except FileNotFoundError:
+        return 0
+    n = 0
+    with open("/proc/locks") as f:
+        for line in f:
+            parts = line.split()
+            if "->" in parts and "FLOCK" in parts:
+                dev_ino = parts[parts.index("FLOCK") + 4]  # FLOCK ADVISORY WRITE pid maj:min:inode
+                n += int(dev_ino.rsplit(":", 1)[1]) == ino
+    return n
 
 
 def _fetch_in_process(root: str, url: str, ref: ClaimCheck, out) -> None:
