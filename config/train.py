@@ -64,6 +64,10 @@ def default_cache_dir() -> str:
     return os.path.join(base, f"rlstream-blobs-{os.getuid()}")
 
 
+#: A staleness window this wide means "never stale" (DPO's): no policy-lag breaker by default.
+POLICY_LAG_UNBOUNDED = 1 << 20
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     mode: EntryPoint[str] = "colocated"
@@ -129,6 +133,12 @@ class TrainConfig:
     (records) passes this; the learner would otherwise keep versioning ahead of stale data."""
     breaker_close_below: float = 32.0
     """Circuit breaker: resume once the backlog is back under this."""
+    breaker_policy_lag_versions: int | None = None
+    """Circuit breaker on policy lag (both modes): hold learner updates while the newest data it
+    reads was collected more than this many versions behind its policy, and resume once that
+    lag is under half of it; None: the staleness window K of the run's stream processors (data
+    past it is dropped or down-weighted anyway, so training further ahead only wastes the
+    actors' work), off under ``actor_lag_versions`` (stale on purpose); 0: off."""
     streams: EntryPoint[PrepareConfig | None] = None
     """Stream-processor settings (staleness window, reorder, IS); None: the algorithm's defaults
     (``PrepareConfig.for_algo``). Its ``policy_id`` is always this config's ``policy_id``."""
@@ -183,6 +193,8 @@ class TrainConfig:
                 object.__setattr__(self, name, getattr(d, name))
         if self.fragment_steps is None and d.fragment_steps is not None:
             object.__setattr__(self, "fragment_steps", d.fragment_steps)
+        if self.breaker_policy_lag_versions is not None and self.breaker_policy_lag_versions < 0:
+            raise ValueError(f"--breaker-policy-lag-versions must be >= 0, got {self.breaker_policy_lag_versions}")
         if self.actor_lag_versions < 0:  # (decoupled-only is checked by run_colocated: the CLI
             # builds this config before it sets ``mode``)
             raise ValueError(f"--actor-lag-versions must be >= 0, got {self.actor_lag_versions}")
@@ -190,6 +202,15 @@ class TrainConfig:
     def prepare_config(self) -> PrepareConfig:
         base = self.streams if self.streams is not None else PrepareConfig.for_algo(self.algo)
         return base if base.policy_id == self.policy_id else replace(base, policy_id=self.policy_id)
+
+    def policy_lag_bound(self) -> int | None:
+        """The policy-lag breaker's bound in versions (see ``breaker_policy_lag_versions``); None: off."""
+        if self.breaker_policy_lag_versions is not None:
+            return self.breaker_policy_lag_versions or None
+        if self.actor_lag_versions:
+            return None
+        k = self.prepare_config().max_versions
+        return k if k < POLICY_LAG_UNBOUNDED else None  # DPO: nothing is ever stale
 
     def batches_per_version(self) -> int:
         """On-policy actors' share of one learner batch, in fragments (see the field)."""

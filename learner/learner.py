@@ -17,6 +17,14 @@ so batches after the snapshot are re-delivered and trained once, and a batch_id 
 Nothing it consumes can stop it: an undecodable or invalid record, a duplicate, and a batch
 whose observation/action sizes the model does not have (reason ``incompatible``) are
 dead-lettered; a lag signal that cannot be read (broker down) leaves the breaker as it is.
+
+Two circuit breakers may hold training back: ``breaker`` over an outside ``lag_signal`` (the
+stream processors' backlog), which stops polling too, and ``policy_breaker`` over the policy
+lag the learner sees itself (``policy_lag``: its version minus the newest behaviour version of
+the last records it read). While the policy-lag breaker is open the learner keeps reading (so
+it sees the lag fall as actors adopt the version it holds still) but does not update, until
+``hold_cap`` transitions wait: a full buffer trains anyway (``policy_lag_overrides``), so a
+learner can never wait for data it will not read.
 """
 
 from __future__ import annotations
@@ -92,6 +100,12 @@ class LearnerStats:
     paused_polls: int = 0
     lag_signal_errors: int = 0
     adopted_versions: int = 0
+    policy_lag: int = 0
+    """The learner's version minus the newest behaviour version of the last records read."""
+    policy_lag_holds: int = 0
+    """Steps in which the policy-lag breaker held back an update that was ready."""
+    policy_lag_overrides: int = 0
+    """Updates taken with the policy-lag breaker open because ``hold_cap`` transitions waited."""
     last_metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -100,7 +114,7 @@ class Learner:
                  breaker: Any = None, lag_signal: Callable[[], float] | None = None,
                  on_update: Callable[["Learner", dict[str, float], float], None] | None = None,
                  blob_store: BlobStore | None = None, stream_ids: StreamIds | None = None,
-                 parallel: Any = None) -> None:
+                 parallel: Any = None, policy_breaker: Any = None, hold_cap: int | None = None) -> None:
         self.config = config
         self.parallel = parallel  # learner.distributed.DataParallel of a rank of N (docs/learners.md)
         self.algo = algo
@@ -108,6 +122,8 @@ class Learner:
         self.snapshots = snapshots
         self.breaker = breaker
         self.lag_signal = lag_signal
+        self.policy_breaker = policy_breaker
+        self.hold_cap = hold_cap if hold_cap is not None else 4 * config.train_batch_size
         self.on_update = on_update
         self.blob_store = blob_store
         self.stats = LearnerStats()
@@ -230,7 +246,13 @@ class Learner:
                 if self.parallel is None:
                     return None
                 paused = True
+        held = False
+        if self.policy_breaker is not None:
+            self.policy_breaker.update(self.stats.policy_lag)
+            held = not self.policy_breaker.allow()
+        newest = None  # newest behaviour version read in this poll
         for rec, pb in [] if paused else self.consumer.poll(timeout, max_records=64):
+            newest = pb.sample.policy_version if newest is None else max(newest, pb.sample.policy_version)
             bid = pb.sample.batch_id
             if bid in self._seen and rec.offset < self._offsets.get((rec.topic, rec.partition), 0):
                 self.stats.redelivered_skipped += 1  # this very record, trained before the rewind
@@ -246,12 +268,20 @@ class Learner:
             self._pending.append((rec, pb))
             self._pending_ids.add(bid)
             self._pending_size += pb.sample.size
+        if newest is not None:
+            self.stats.policy_lag = max(0, self.version - newest)
         need = self.config.train_batch_size
         if self.config.total_samples is not None:
             need = max(1, min(need, self.config.total_samples - self.stats.samples_trained))
         ready = bool(self._pending) and self._pending_size >= need
+        hold = held and self._pending_size < self.hold_cap
         if self.parallel is not None:  # every rank decides together, each with its share
-            ready = self.parallel.agree(self._pending_size, paused, need).train
+            ready = self.parallel.agree(self._pending_size, paused or hold, need).train
+        elif ready and hold:
+            self.stats.policy_lag_holds += 1
+            ready = False
+        if ready and held and not hold:
+            self.stats.policy_lag_overrides += 1
         if ready:
             return self._train()
         self._commit_handled()
@@ -395,7 +425,15 @@ class Learner:
         """What this learner did (the role protocol's summary)."""
         return {"role": "learner", "updates": self.stats.updates, "final_version": self.version,
                 "policy_id": self.config.policy_id, "samples_trained": self.stats.samples_trained,
-                "duplicates_skipped": self.stats.duplicates_skipped, "last_metrics": self.stats.last_metrics}
+                "duplicates_skipped": self.stats.duplicates_skipped, "last_metrics": self.stats.last_metrics,
+                "policy_lag": self.stats.policy_lag, "policy_lag_breaker": self._policy_breaker_summary()}
+
+    def _policy_breaker_summary(self) -> dict[str, Any] | None:
+        b = self.policy_breaker
+        if b is None:
+            return None
+        return {"open_above": b.open_above, "close_below": b.close_below, "trips": b.trips, "state": b.state.name,
+                "holds": self.stats.policy_lag_holds, "overrides": self.stats.policy_lag_overrides}
 
     def close(self) -> None:
         if self.consumer is not None:

@@ -217,6 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--video", type=Path, default=None, metavar="DIR", help="record the first episode here")
     p.add_argument("--seed", type=int, default=0)
 
+    p = sub.add_parser("validate", help="the deployment guide's go-live check of a finished run")
+    p.add_argument("run", type=Path, nargs="?", default=Path("runs/latest"), help="run directory (default: runs/latest)")
+    p.add_argument("--json", action="store_true", help="JSON instead of the table")
+    p.add_argument("--no-plot", action="store_true", help="do not plot latency and freshness over time")
+
     _add_time_travel(sub)
     sub.add_parser("broker", help="local Apache Kafka broker (start|stop|status|fetch)", add_help=False)
     assert set(sub.choices) == set(KNOWN_COMMANDS), "CLI and runtime.ports.KNOWN_COMMANDS disagree"
@@ -508,6 +513,19 @@ def cmd_time_travel(a: argparse.Namespace) -> int:
         return 2
 
 
+def cmd_validate(a: argparse.Namespace) -> int:
+    """Exit 0 whatever the verdicts (it is a report); 2 when the run directory is unusable."""
+    from runtime import golive
+
+    try:
+        report = golive.check(a.run, plot=not a.no_plot)
+    except golive.RunUnusable as e:
+        print(f"validate: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=2) if a.json else golive.render(report), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "broker":
@@ -518,7 +536,8 @@ def main(argv: list[str] | None = None) -> int:
     a.argv = argv
     handlers = {"train": cmd_train, "actor": cmd_role, "learner": cmd_role, "subscribe": cmd_subscribe,
                 "replay": cmd_replay, "rollback": cmd_rollback, "serve": cmd_serve, "eval": cmd_eval,
-                "verify": cmd_time_travel, "fork": cmd_time_travel, "lineage": cmd_time_travel}
+                "verify": cmd_time_travel, "fork": cmd_time_travel, "lineage": cmd_time_travel,
+                "validate": cmd_validate}
     return handlers[a.command](a)
 
 

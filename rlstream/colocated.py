@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 from rlstream import wiring
 from config import TrainConfig
+from runtime.gpu import GpuSampler
 from runtime.logging import bind_policy_version
 from runtime.metrics import Metrics
 from runtime.tensorboard import TensorBoardRun
-from runtime.progress import Progress
+from runtime.progress import Progress, quantiles_ms
 from runtime.roles import Slot, drive, write_summary
 from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW
 
@@ -38,7 +40,32 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     events = wiring.build_events(bus, metrics)
     info = wiring.env_info(cfg)
     algo = wiring.build_algo(cfg, info.obs_dim, info.act_dim, info.nvec)
-    progress = Progress(total_steps=cfg.total_steps, log_every_s=cfg.log_every_s, log=log)
+    latencies: deque[float] = deque(maxlen=100_000)  # policy latency (s): publish -> an actor acts with it
+    recent: list[float] = []  # the same, since the last progress line
+    gpu = GpuSampler()
+    worker_ref: list[Any] = []
+    seen = {"fresh": 0, "checked": 0}  # freshness counts at the last progress line
+
+    def on_latency(s: float) -> None:
+        latencies.append(s)
+        recent.append(s)
+
+    def live() -> dict[str, Any]:
+        """Each progress line's go-live figures over the window since the line before (the run's
+        ``timeline.json``, which ``rlstream validate`` plots)."""
+        gpu.sample()
+        p99 = quantiles_ms(recent).get("p99")
+        recent.clear()
+        fresh = checked = 0
+        if worker_ref:
+            st = worker_ref[0].prepare.staleness.stats
+            fresh, checked = st.fresh_samples - seen["fresh"], st.checked_samples - seen["checked"]
+            seen.update(fresh=st.fresh_samples, checked=st.checked_samples)
+        return {"policy_latency_p99_ms": p99, "freshness": round(fresh / checked, 4) if checked else None,
+                "gpu_utilization_pct": gpu.samples[-1] if gpu.samples else None}
+
+    progress = Progress(total_steps=cfg.total_steps, log_every_s=cfg.log_every_s, log=log, extra=live,
+                        record_timeline=True)
 
     learner_ref: dict[str, Any] = {}
     tb_actor = TensorBoardRun(cfg.tensorboard, cfg.effective_run_id(), "actor")
@@ -66,7 +93,8 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
         progress.updates = learner.stats.updates
     progress.version = learner.version
     worker = wiring.build_prepare_worker(cfg, events, metrics)
-    actors = [wiring.build_actor(cfg, events, metrics, i, on_batch=on_batch, log=log)
+    worker_ref.append(worker)
+    actors = [wiring.build_actor(cfg, events, metrics, i, on_batch=on_batch, log=log, on_latency=on_latency)
               for i in range(cfg.num_actors)]
     if log is not None:
         log.info("train_start", **wiring.describe(cfg), policy_version=learner.version)
@@ -95,6 +123,8 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
         "streams": stats,
         "duplicates_skipped": learner.stats.duplicates_skipped,
         "env_rejected_fragments": sum(a.rejected for a in actors),
+        "policy_latency_ms": quantiles_ms(latencies),
+        "gpu": gpu.summary(),
     })
     summary.update(progress.write(cfg.run_dir, cfg.plot, f"{cfg.algo} on {cfg.env_id} (co-located)"))
     if cfg.tensorboard:

@@ -19,6 +19,7 @@ from typing import Any
 
 from rlstream import wiring
 from config import TrainConfig, write_config
+from runtime.gpu import GpuSampler
 from runtime.logging import bind_policy_version
 from runtime.metrics import Metrics
 from config.env import (
@@ -146,7 +147,6 @@ def _round(flush: Any, health: Any, progress: Progress):
 def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None = None,
                 metrics: Metrics | None = None, health: Any = None, rank: RankEnv | None = None) -> dict[str, Any]:
     from learner import distributed
-    from learner.circuit_breaker import CircuitBreaker
 
     write_effective_config(cfg, "learner")
     _set_threads(cfg)
@@ -164,14 +164,15 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
     if rank.world_size > 1:
         parallel = distributed.DataParallel.from_env(algo, rank, cfg.grad_compression, stop=stop.is_set)
     last_update = [time.monotonic()]
+    gpu = GpuSampler()  # the learner is the role that holds the GPU
 
     def idle() -> dict[str, Any]:  # a learner without data for long is the sign of a stalled run
+        gpu.sample()
         return {"idle_s": round(time.monotonic() - last_update[0], 1)}
 
     progress = Progress(total_steps=cfg.total_steps, log_every_s=cfg.log_every_s, log=log, extra=idle,
                         state_path=state_path(cfg, "learner" if rank.rank == 0 else f"learner-rank{rank.rank}"))
-    breaker = CircuitBreaker(open_above=cfg.breaker_open_above, close_below=cfg.breaker_close_below,
-                             min_open_s=1.0, on_change=metrics.circuit_breaker_hook())
+    breaker = wiring.build_backlog_breaker(cfg, metrics)
     lag = _consumer_lag_gauge(metrics, bus, STREAMS_GROUP, SAMPLES_RAW)
     tb = TensorBoardRun(cfg.tensorboard, cfg.effective_run_id(), "learner")
 
@@ -190,7 +191,10 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
     bind_policy_version(learner.version)
     if health is not None:
         health.register("policy_published", lambda: (learner.version >= 0, {"version": learner.version}))
-        health.register("breaker", lambda: (True, {"state": breaker.state.name, "trips": breaker.trips}))
+        health.register("breaker", lambda: (True, {"state": breaker.state.name, "trips": breaker.trips,
+                                                   "policy_lag": learner.stats.policy_lag,
+                                                   "policy_lag_breaker": learner.policy_breaker.state.name
+                                                   if learner.policy_breaker is not None else "off"}))
         health.register("training", lambda: (True, {"updates": learner.stats.updates, **idle()}))
     started = time.perf_counter()
     try:
@@ -210,7 +214,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
         distributed.close_group()
     summary = {**learner.summary(), "wall_s": round(time.perf_counter() - started, 3),
                "breaker_trips": breaker.trips, "rank": rank.rank, "world_size": rank.world_size,
-               "uneven_updates": parallel.uneven_updates if parallel else 0}
+               "uneven_updates": parallel.uneven_updates if parallel else 0, "gpu": gpu.summary()}
     write_summary(cfg.run_dir, "learner" if rank.rank == 0 else f"learner-rank{rank.rank}", summary)
     return summary
 

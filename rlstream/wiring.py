@@ -205,8 +205,30 @@ def build_faust_app(settings: StreamsSettings, metrics: Metrics | None = None):
     return app
 
 
+def build_backlog_breaker(cfg: TrainConfig, metrics: Metrics | None):
+    """The decoupled learner's breaker over the stream processors' backlog on rl.samples.raw."""
+    from learner.circuit_breaker import CircuitBreaker
+
+    return CircuitBreaker(open_above=cfg.breaker_open_above, close_below=cfg.breaker_close_below, min_open_s=1.0,
+                          on_change=metrics.circuit_breaker_hook() if metrics is not None else None)
+
+
+def build_policy_breaker(cfg: TrainConfig, metrics: Metrics | None):
+    """The learner's breaker over the policy lag it reads (``cfg.policy_lag_bound()``; None: off):
+    open above the bound, closed again under half of it (the hysteresis band)."""
+    from learner.circuit_breaker import CircuitBreaker
+
+    bound = cfg.policy_lag_bound()
+    if bound is None:
+        return None
+    return CircuitBreaker(open_above=bound, close_below=bound / 2, min_open_s=1.0,
+                          on_change=metrics.circuit_breaker_hook() if metrics is not None else None)
+
+
 def build_learner(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, algo, on_update=None,
                   breaker=None, lag_signal=None, parallel=None) -> Learner:
+    """The learner of ``cfg``; ``breaker``/``lag_signal``: the backlog breaker (decoupled); the
+    policy-lag breaker is built here, for both modes."""
     from learner.snapshots import open_store
 
     store = open_store(cfg.snapshot_url())
@@ -225,7 +247,8 @@ def build_learner(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, a
                          env_id=cfg.env_id, policy_id=cfg.policy_id, run_id=cfg.effective_run_id(),
                          claim_check_above=cfg.claim_check_above)
     return Learner(lcfg, algo, events, snapshots=store, breaker=breaker, lag_signal=lag_signal,
-                   on_update=update_hook, blob_store=blob, parallel=parallel)
+                   on_update=update_hook, blob_store=blob, parallel=parallel,
+                   policy_breaker=build_policy_breaker(cfg, metrics))
 
 
 @dataclass

@@ -28,6 +28,7 @@ import contextlib
 import json as jsonlib
 import logging
 import sys
+import time
 import uuid
 from collections.abc import Iterator, MutableMapping
 from typing import Any, TextIO
@@ -42,6 +43,7 @@ __all__ = [
     "configure_logging",
     "get_logger",
     "new_run_id",
+    "RateLimiter",
 ]
 
 _HANDLER_MARK = "_rlstream_handler"
@@ -185,3 +187,30 @@ def bound_context(**kw: Any) -> Iterator[MutableMapping[str, Any]]:
     """Bind fields for the duration of a ``with`` block, then restore the previous ones."""
     with structlog.contextvars.bound_contextvars(**kw):
         yield structlog.contextvars.get_contextvars()
+
+
+class RateLimiter:
+    """At most one log line per ``every_s`` per key; the lines in between are counted, and the
+    next line that is let through reports how many were suppressed::
+
+        limiter = RateLimiter(every_s=10.0)
+        ok, suppressed = limiter.allow("stale_versions")
+        if ok:
+            log.warning("... (%d more suppressed)", suppressed)
+    """
+
+    def __init__(self, every_s: float, clock: Any = None) -> None:
+        self.every_s = float(every_s)
+        self.clock = clock or time.monotonic
+        self._last: dict[Any, float] = {}
+        self._suppressed: dict[Any, int] = {}
+
+    def allow(self, key: Any) -> tuple[bool, int]:
+        """(whether to log this one, how many of ``key`` were suppressed since the last logged)."""
+        now = self.clock()
+        last = self._last.get(key)
+        if last is not None and now - last < self.every_s:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return False, 0
+        self._last[key] = now
+        return True, self._suppressed.pop(key, 0)

@@ -43,6 +43,7 @@ rlstream_learner_steps_total               counter
 rlstream_policy_version                    gauge
 rlstream_circuit_breaker_state             gauge
 rlstream_circuit_breaker_trips_total       counter
+rlstream_gpu_available                     gauge      reason   (always: 1 ok; 0 no_gpu, no_nvml, off)
 rlstream_gpu_utilization_ratio             gauge      device   (GPU + pynvml only)
 rlstream_gpu_memory_allocated_bytes        gauge      device   (GPU only)
 rlstream_gpu_memory_reserved_bytes         gauge      device   (GPU only)
@@ -141,8 +142,13 @@ METRIC_NAMES: tuple[str, ...] = (
     "rlstream_policy_version",
     "rlstream_circuit_breaker_state",
     "rlstream_circuit_breaker_trips_total",
+    "rlstream_gpu_available",
     *_GPU_NAMES,
 )
+
+#: ``reason`` of ``rlstream_gpu_available``: utilisation exported, no CUDA device, a device but
+#: no NVML (``pip install 'rlstream[gpu]'``), or GPU metrics turned off for the role.
+GPU_REASONS: tuple[str, ...] = ("ok", "no_gpu", "no_nvml", "off")
 
 
 class GpuProbe(Protocol):
@@ -307,6 +313,7 @@ class _Shared:
         self.lock = threading.Lock()
         self.rate_meters: dict[tuple[str, str], _RateMeter] = {}
         self.freshness: dict[str, _FreshnessWindow] = {}
+        self.breaker_states: dict[str, list[int]] = {}  # role -> the state of each of its breakers
         self.gpu: GpuCollector | None = None
         r = registry
         R = ["role"]
@@ -403,13 +410,18 @@ class _Shared:
         )
         self.breaker_state = Gauge(
             "circuit_breaker_state",
-            "Learner lag circuit breaker: 0 closed, 1 open (paused), 2 half-open (probing).",
+            "Learner circuit breakers (backlog, policy lag), the most restrictive: 0 closed, 1 open (paused), 2 half-open (probing).",
             R, namespace=NAMESPACE, registry=r,
         )
         self.breaker_trips = Counter(
             "circuit_breaker_trips",
-            "Times the learner lag circuit breaker opened.",
+            "Times a learner circuit breaker (backlog or policy lag) opened.",
             R, namespace=NAMESPACE, registry=r,
+        )
+        self.gpu_available = Gauge(
+            "gpu_available",
+            "1 when GPU utilisation is exported; 0 says why not (reason no_gpu, no_nvml or off).",
+            R + ["reason"], namespace=NAMESPACE, registry=r,
         )
 
     def init_role(self, role: str) -> None:
@@ -479,17 +491,23 @@ class Metrics:
 
     def _setup_gpu(self, role: str, gpu: bool | None, probe: GpuProbe | None) -> None:
         if gpu is False:
+            self._gpu_reason(role, "off")
             return
         probe = probe or _default_gpu_probe()
         available = probe is not None and bool(probe.is_available())
         if not available:
             if gpu:
                 raise RuntimeError("gpu=True but no CUDA device is available")
+            self._gpu_reason(role, "no_gpu")  # said explicitly, not a missing series
             return
         assert probe is not None
         collector = GpuCollector(role, probe)
         self._s.registry.register(collector)
         self._s.gpu = collector
+        self._gpu_reason(role, "ok" if collector.utilization_supported else "no_nvml")
+
+    def _gpu_reason(self, role: str, reason: str) -> None:
+        self._s.gpu_available.labels(role=role, reason=reason).set(1.0 if reason == "ok" else 0.0)
 
     @classmethod
     def _view(cls, shared: _Shared, role: str) -> Metrics:
@@ -606,11 +624,19 @@ class Metrics:
     def circuit_breaker_hook(self) -> Callable[[int, int], None]:
         """A ``(old_state, new_state)`` callback for ``CircuitBreaker(on_change=...)``.
 
-        Sets the state gauge and counts a trip on every transition into OPEN.
+        Counts a trip on every transition into OPEN. A role may have several breakers (the
+        learner's backlog and policy-lag ones), each with its own hook: the state gauge shows
+        the most restrictive of them (open, else half-open, else closed).
         """
+        with self._s.lock:
+            states = self._s.breaker_states.setdefault(self.role, [])
+            index = len(states)
+            states.append(BREAKER_CLOSED)
 
         def hook(old: int, new: int) -> None:
-            self.set_circuit_breaker_state(new)
+            states[index] = int(new)
+            worst = next((s for s in (BREAKER_OPEN, BREAKER_HALF_OPEN) if s in states), BREAKER_CLOSED)
+            self.set_circuit_breaker_state(worst)
             if int(new) == BREAKER_OPEN and int(old) != BREAKER_OPEN:
                 self.count_circuit_breaker_trip()
 

@@ -42,6 +42,7 @@ KNOWN_COMMANDS: tuple[str, ...] = (
     "verify",
     "fork",
     "lineage",
+    "validate",
 )
 
 #: The role whose port each long-running command uses.

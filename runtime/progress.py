@@ -15,6 +15,10 @@ from pathlib import Path
 from typing import Any
 
 
+#: A run's progress lines over time (``Progress.record_timeline``).
+TIMELINE_FILE = "timeline.json"
+
+
 @dataclass
 class Progress:
     total_steps: int
@@ -34,6 +38,10 @@ class Progress:
     """Write each line's fields here too (atomically), for a supervisor to read."""
     state_every_s: float = 1.0
     """The state file is written at least this often, however rarely lines are logged."""
+    record_timeline: bool = False
+    """Keep every logged line, with its time since the start (``t_s``); ``write`` saves them as
+    ``<run_dir>/timeline.json`` (what ``rlstream validate`` plots over time)."""
+    timeline: list[dict[str, Any]] = field(default_factory=list)
     _last_log: float = 0.0
     _last_state: float = 0.0
     _last_steps: int = 0
@@ -80,6 +88,8 @@ class Progress:
             self._last_state = now
         if not log_due:
             return
+        if self.record_timeline:
+            self.timeline.append({"t_s": round(now - self.started, 3), **fields})
         if self.log is not None:
             self.log.info("progress", **fields)
         else:
@@ -105,6 +115,10 @@ class Progress:
         curve_path = run_dir / "curve.json"
         curve_path.write_text(json.dumps({"steps": [s for s, _ in self.curve], "returns": [r for _, r in self.curve]}))
         out["curve"] = str(curve_path)
+        if self.timeline:
+            timeline_path = run_dir / TIMELINE_FILE
+            timeline_path.write_text(json.dumps(self.timeline))
+            out["timeline"] = str(timeline_path)
         if plot and self.curve:
             import matplotlib
 

@@ -39,18 +39,23 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.logging import RateLimiter
 from schemas.codec import Codec
 from schemas.errors import CodecError
 from schemas.events import PolicyVersion, PreparedBatch, SampleBatch
 from streams.bus.base import Record
 from streams.events import DeadLetters
-from streams.processors.pipeline import REASON_PROCESSOR_ERROR, Output, Prepare
+from streams.processors.pipeline import REASON_PROCESSOR_ERROR, Output, Prepare, Rejection
+from streams.processors.staleness import PolicyStalenessError
 from streams.topics import DEADLETTER, SAMPLES_PREPARED, SAMPLES_RAW, dead_letters_here
 
 log = logging.getLogger(__name__)
 
 #: Policy records remembered, newest versions first out last.
 POLICY_RECORDS_KEPT = 16
+#: At most one ``PolicyStalenessError`` log line per this many seconds per reason (the others are
+#: counted and reported with the next line; every one is dead-lettered and counted regardless).
+STALE_LOG_EVERY_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +220,7 @@ class ShellCore:
     """
 
     def __init__(self, prepare: Prepare, dead_letters: DeadLetters, stage: str, codec: Codec,
-                 policy_records: PolicyRecords | None = None) -> None:
+                 policy_records: PolicyRecords | None = None, stale_log: RateLimiter | None = None) -> None:
         self.prepare = prepare
         self.dead_letters = dead_letters
         self.stage = stage
@@ -226,6 +231,7 @@ class ShellCore:
         self.dead_lettered = 0
         self.skipped = 0  # bad records of a topic whose dead letters another role owns
         self.errors = 0  # periodic stages or writes that failed (logged)
+        self.stale_log = stale_log if stale_log is not None else RateLimiter(STALE_LOG_EVERY_S)
 
     # -- inputs ------------------------------------------------------------------------------
     def on_policy(self, rec: Record) -> list[Send]:
@@ -298,6 +304,8 @@ class ShellCore:
                                   self.codec.headers_for(out), source=rec, done=handle))
                 continue
             rec, handle = self.held.pop((out.partition, out.offset), (None, None))
+            if isinstance(out.error, PolicyStalenessError):
+                self._log_stale(out, out.error)
             if not out.dead_letter:
                 sends.append(Send(None, done=handle))
                 continue
@@ -307,6 +315,19 @@ class ShellCore:
                              self.codec.encode(batch) if batch is not None else b"")
             sends += self.dead_letter(rec, out.reason, out.error or out.reason, out.detail, done=handle)
         return sends
+
+    def _log_stale(self, out: Rejection, e: PolicyStalenessError) -> None:
+        """A stale batch, in the log operators read (rate-limited per reason): its lag and the window."""
+        ok, suppressed = self.stale_log.allow(e.reason)
+        if not ok:
+            return
+        b = out.batch
+        log.warning("PolicyStalenessError (%s): batch %s of %s, behaviour version %s, is %d versions behind "
+                    "and %d ms old; window: at most %d versions%s; dead-lettered (%d more since the last such line)",
+                    e.reason, b.batch_id if b else "?", b.actor_id if b else "?", b.policy_version if b else "?",
+                    e.versions, e.ms, e.max_versions, "" if e.max_ms is None else f", {e.max_ms} ms", suppressed,
+                    extra={"reason": e.reason, "lag_versions": e.versions, "lag_ms": e.ms,
+                           "max_versions": e.max_versions, "max_ms": e.max_ms, "suppressed": suppressed})
 
     def dead_letter(self, rec: Record, reason: str, error: BaseException | str, detail: str = "",
                     done: Any = None) -> list[Send]:

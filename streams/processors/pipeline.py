@@ -105,6 +105,7 @@ class ProcessorStats:
             "policy_versions": self.policy_versions, "policy_ignored": self.policy_ignored,
             "policy_errors": self.policy_errors, "latest_version": self.latest_version,
             "is_version": self.is_version, "freshness": self.freshness,
+            "fresh_samples": s.fresh_samples, "checked_samples": s.checked_samples,
             "lag_versions": s.lag_versions.as_dict(), "lag_ms": s.lag_ms.as_dict(),
             "reorder": {"buffered": r.buffered, "max_buffered_seen": r.max_buffered_seen,
                         "reordered": r.reordered, "timeouts": r.timeouts, "overflows": r.overflows,

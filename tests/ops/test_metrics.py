@@ -182,20 +182,52 @@ def test_circuit_breaker_hook() -> None:
         m.set_circuit_breaker_state(7)
 
 
-def test_gpu_metrics_absent_without_gpu() -> None:
+def test_two_breakers_of_a_role_show_the_most_restrictive_state() -> None:
+    """The learner's backlog and policy-lag breakers share the state gauge: an open one is not
+    hidden by the other closing, and each trip is counted."""
+    m = Metrics(role="learner", gpu=False)
+    backlog, policy = m.circuit_breaker_hook(), m.circuit_breaker_hook()
+    policy(0, BREAKER_OPEN)
+    backlog(0, 0)
+    assert value(m, "rlstream_circuit_breaker_state", role="learner") == BREAKER_OPEN
+    backlog(0, BREAKER_OPEN)
+    policy(BREAKER_OPEN, BREAKER_HALF_OPEN)
+    assert value(m, "rlstream_circuit_breaker_state", role="learner") == BREAKER_OPEN
+    backlog(BREAKER_OPEN, BREAKER_HALF_OPEN)
+    assert value(m, "rlstream_circuit_breaker_state", role="learner") == BREAKER_HALF_OPEN
+    backlog(BREAKER_HALF_OPEN, 0)
+    policy(BREAKER_HALF_OPEN, 0)
+    assert value(m, "rlstream_circuit_breaker_state", role="learner") == 0
+    assert value(m, "rlstream_circuit_breaker_trips_total", role="learner") == 2
+
+
+def gpu_series(m: Metrics) -> set[str]:
+    return {name for name, _ in samples(m) if name.startswith("rlstream_gpu")}
+
+
+def test_gpu_metrics_say_no_gpu_without_gpu() -> None:
+    """No made-up GPU figures where there is no GPU, but the absence is said: one
+    ``rlstream_gpu_available`` series at 0 with the reason."""
     m = Metrics(gpu_probe=FakeCuda(available=False))
     assert not m.gpu_enabled
-    assert "gpu" not in m.render().decode()
+    assert gpu_series(m) == {"rlstream_gpu_available"}
+    assert value(m, "rlstream_gpu_available", role="colocated", reason="no_gpu") == 0
     off = Metrics(gpu=False, gpu_probe=FakeCuda())
-    assert "gpu" not in off.render().decode()
+    assert gpu_series(off) == {"rlstream_gpu_available"}
+    assert value(off, "rlstream_gpu_available", role="colocated", reason="off") == 0
+    no_nvml = Metrics(gpu_probe=FakeCuda(nvml=False))
+    assert value(no_nvml, "rlstream_gpu_available", role="colocated", reason="no_nvml") == 0
+    ok = Metrics(gpu_probe=FakeCuda())
+    assert value(ok, "rlstream_gpu_available", role="colocated", reason="ok") == 1
     with pytest.raises(RuntimeError):
         Metrics(gpu=True, gpu_probe=FakeCuda(available=False))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only default path")
-def test_real_torch_on_cpu_registers_no_gpu_metrics() -> None:
+def test_real_torch_on_cpu_says_no_gpu() -> None:
     m = Metrics()
-    assert not m.gpu_enabled and "rlstream_gpu" not in m.render().decode()
+    assert not m.gpu_enabled and gpu_series(m) == {"rlstream_gpu_available"}
+    assert value(m, "rlstream_gpu_available", role="colocated", reason="no_gpu") == 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
