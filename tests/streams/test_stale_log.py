@@ -66,3 +66,5 @@ def test_rate_limiter_counts_suppressed_lines_per_key():
     secs.t += 0.1
     assert limiter.allow("x") == (True, 3)
     assert limiter.allow("x") == (False, 0)
+    secs.t += 5.0
+    assert limiter.allow("x") == (True, 1)  # counted afresh after each reported line
