@@ -101,8 +101,12 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
 def environment_differences(recorded: dict[str, Any]) -> list[str]:
     """Determinism settings of the recording that this process does not share."""
     now = determinism(recorded.get("device", "cpu"))
-    return [f"{k}: recorded {recorded[k]!r}, now {now[k]!r}" for k in ("algorithm_code", "torch", "threads")
-            if k in recorded and recorded[k] != now[k]]
+    out = [f"{k}: recorded {recorded[k]!r}, now {now[k]!r}" for k in ("algorithm_code", "torch", "threads")
+           if k in recorded and recorded[k] != now[k]]
+    if "algorithm_code" not in recorded:  # recorded before the digest: the code cannot be ruled out
+        out.insert(0, f"algorithm_code: not recorded (the run predates the digest), now {now['algorithm_code']!r}: "
+                      "the update's code may have changed since")
+    return out
 
 
 @contextlib.contextmanager

@@ -123,3 +123,17 @@ def test_verify_names_changed_algorithm_code_as_the_cause(colocated_run, monkeyp
     assert not report.ok
     d = report.divergence
     assert d.reason == KERNEL and f"algorithm_code: recorded {recorded!r}, now '0123456789abcdef'" in d.detail
+
+
+def test_a_recording_without_a_code_digest_is_named_as_such():
+    """Runs recorded before the ``agents`` digest (PolicyVersion v2 without ``algorithm_code``)
+    diverge under today's scan code; the cause must say the code could not be compared, not
+    only 'identical inputs'."""
+    from learner.provenance import determinism
+    from logtools.timetravel.verify import environment_differences
+
+    now = determinism("cpu")
+    assert environment_differences(now) == []
+    old = {k: v for k, v in now.items() if k != "algorithm_code"}
+    (line,) = environment_differences(old)
+    assert line.startswith("algorithm_code: not recorded") and now["algorithm_code"] in line
