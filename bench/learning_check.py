@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -34,6 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from config.env import Environment  # noqa: E402
 Z = 2.0
 DEFAULT_SEEDS = (1, 2, 3)
 DEFAULT_STEPS = 150_000
@@ -103,7 +105,7 @@ def run_seed(seed: int, steps: int, env: str, algo: str, out: Path) -> float:
     cmd = [sys.executable, "-m", "rlstream.cli", "train", "--mode", "colocated", "--algo", algo, "--env", env,
            "--total-steps", str(steps), "--seed", str(seed), "--torch-threads", "1", "--run-dir", str(run_dir),
            "--metrics-port", "-1", "--no-plot", "--tensorboard", "off", "--log-every", "60"]
-    env_vars = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env_vars = Environment.read().child({"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     log = out / f"{run_dir.name}.log"
     with open(log, "w") as f:
         p = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env_vars)
