@@ -7,7 +7,11 @@ One port (8080 by default) serves inference, metrics and probes::
     GET  /policy   -> the version in use (number, parent, algo, architecture, weights sha256)
     GET  /metrics  Prometheus (role="serve"): policy version, publish->loaded latency,
                    request time (phase "act"), observations served (stage "serve")
-    GET  /healthz  200 while the follower loop is alive
+    GET  /healthz  200 while the follower loop is alive and /act is fast enough: 503 while the
+                   p99 of /act over the last ``act_window_s`` (60 s) is over ``max_act_p99_ms``
+                   (100 ms, the guide's decoupled bound; ``--max-act-p99-ms``) and at least
+                   ``act_min_requests`` (20) answered in that window (fewer count as healthy).
+                   Kubernetes' livenessProbe reads this path and restarts a slow server.
     GET  /readyz   200 once a policy is loaded
 
 ``obs`` is a batch ``[B, obs_dim]`` (or one observation ``[obs_dim]``, answered with one
@@ -40,7 +44,7 @@ import torch
 from agents.networks import Policy
 from config import BusConfig
 from config.limits import MAX_MESSAGE_BYTES
-from runtime.http import HealthChecks, MetricsServer, Request, Response, json_response
+from runtime.http import HealthChecks, LatencyWindow, MetricsServer, Request, Response, json_response
 from runtime.logging import get_logger
 from runtime.metrics import Metrics
 from logtools.subscribe import PolicyFeed, open_events
@@ -49,8 +53,10 @@ from streams.bus.base import Bus
 from streams.events import EventBus
 from streams.policies import BlobStore, PolicyUpdate, arch_of
 
-__all__ = ["PolicyServer", "serve", "MAX_BATCH"]
+__all__ = ["PolicyServer", "serve", "MAX_BATCH", "MAX_ACT_P99_MS"]
 
+MAX_ACT_P99_MS = 100.0
+"""Default bound on the p99 of /act (ms) past which /healthz fails: the guide's decoupled bound."""
 MAX_BATCH = 4096
 """Most observations one /act request may carry."""
 MAX_BODY = MAX_MESSAGE_BYTES
@@ -118,7 +124,8 @@ class PolicyServer:
                  host: str = "0.0.0.0", port: int = 8080, metrics: Metrics | None = None,
                  blob_store: BlobStore | None = None, poll_interval: float = 0.2,
                  heartbeat_timeout_s: float = 30.0, version: int | None = None,
-                 at_ms: int | None = None) -> None:
+                 at_ms: int | None = None, max_act_p99_ms: float = MAX_ACT_P99_MS,
+                 act_window_s: float = 60.0, act_min_requests: int = 20) -> None:
         self.metrics = metrics or Metrics(role="serve")
         self.events, self._owned = open_events(source, self.metrics)
         self.policy_id = policy_id
@@ -129,6 +136,8 @@ class PolicyServer:
         self.http.add_route("POST", "/act", self._act)
         self.http.add_route("GET", "/policy", self._policy)
         self.health.register("policy", self._ready)
+        self.act_latency = LatencyWindow(max_act_p99_ms / 1e3, window_s=act_window_s, min_count=act_min_requests)
+        self.health.register_liveness("act_p99", self.act_latency.check)
         self._current: _Current | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -240,7 +249,9 @@ class PolicyServer:
         out = actions[0].tolist() if single else actions.tolist()
         self.requests += 1
         self.metrics.count_samples(int(obs.shape[0]), "serve")
-        self.metrics.observe_step_time(time.perf_counter() - t0, "act")
+        took = time.perf_counter() - t0
+        self.metrics.observe_step_time(took, "act")
+        self.act_latency.observe(took)
         return json_response({"actions": out, "policy_version": cur.update.version, "policy_id": self.policy_id,
                               "deterministic": det})
 
@@ -261,12 +272,14 @@ def serve(bus_config: BusConfig | Bus | EventBus, policy_id: str = "policy", por
           stop: threading.Event | None = None, *, host: str = "0.0.0.0", metrics: Metrics | None = None,
           blob_store: BlobStore | None = None,
           on_started: Callable[[PolicyServer], None] | None = None, version: int | None = None,
-          at_ms: int | None = None) -> int:
+          at_ms: int | None = None, max_act_p99_ms: float = MAX_ACT_P99_MS, act_window_s: float = 60.0,
+          act_min_requests: int = 20) -> int:
     """Run the policy server until ``stop`` is set; returns the exit code (0).
     ``on_started(server)`` is called once it listens (``server.port`` is the bound port)."""
     stop = stop or threading.Event()
     server = PolicyServer(bus_config, policy_id, host=host, port=port, metrics=metrics, blob_store=blob_store,
-                          version=version, at_ms=at_ms)
+                          version=version, at_ms=at_ms, max_act_p99_ms=max_act_p99_ms,
+                          act_window_s=act_window_s, act_min_requests=act_min_requests)
     server.start()
     _log.info("serve_started", url=server.url, policy_id=policy_id, **server.pin)
     try:

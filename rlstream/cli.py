@@ -29,6 +29,13 @@ def _kv(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
+def _positive(text: str) -> float:
+    x = float(text)
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+    return x
+
+
 def _names(csv: str) -> tuple[str, ...]:
     from actor.envs import wrapper_fns
 
@@ -180,6 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
     pin = p.add_mutually_exclusive_group()
     pin.add_argument("--version", type=int, default=None, help="serve this version only (point in time)")
     pin.add_argument("--at", default=None, help="serve the version current at this time: HH:MM, ISO 8601 or epoch ms")
+    p.add_argument("--max-act-p99-ms", type=_positive, default=100.0,
+                   help="/healthz fails (503; Kubernetes restarts the pod) while the p99 of /act over the last "
+                        "--act-window-s is over this many ms (default 100)")
+    p.add_argument("--act-window-s", type=_positive, default=60.0, help="window of that p99 (default 60 s)")
+    p.add_argument("--act-min-requests", type=int, default=20,
+                   help="fewer /act requests than this in the window count as healthy (default 20)")
 
     p = sub.add_parser("replay", help="replay a historical topic (offline DPO)")
     _add_common(p)
@@ -479,7 +492,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     try:
         at_ms = parse_at(a.at) if a.at else None
         return serve(bus, policy_id=a.policy_id, port=a.port, stop=_stop_on_signals(), version=a.version,
-                     at_ms=at_ms, blob_store=_tool_blobs(a))
+                     at_ms=at_ms, blob_store=_tool_blobs(a), max_act_p99_ms=a.max_act_p99_ms,
+                     act_window_s=a.act_window_s, act_min_requests=a.act_min_requests)
     except (PinNotFound, ValueError) as e:
         print(f"serve: {e}", file=sys.stderr)
         return 2

@@ -19,6 +19,9 @@ Usage at an entry point::
   timeout, 503 otherwise. A heartbeat is expected from its first
   ``heartbeat()`` or from ``expect_heartbeat()`` (which starts the clock at once,
   so a loop that never starts also fails). No heartbeats: 200.
+  Liveness checks (``register_liveness``) join the heartbeats: ``rlstream serve``
+  registers one that fails while the p99 of ``/act`` over a recent window is over
+  its bound (``LatencyWindow``), so the orchestrator restarts a slow server.
 * ``/readyz`` (readiness): 200 when every registered check passes, 503
   otherwise; the JSON body has each check's ``ok`` and ``detail``. A check that
   raises counts as failed. Checks run on the request thread: keep them cheap
@@ -34,8 +37,10 @@ port.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
+import math
 import socket
 import threading
 import time
@@ -51,6 +56,7 @@ from runtime.logging import get_logger
 
 __all__ = [
     "HealthChecks",
+    "LatencyWindow",
     "MetricsServer",
     "Request",
     "Response",
@@ -89,6 +95,7 @@ class HealthChecks:
         self._lock = threading.Lock()
         self._checks: dict[str, Check] = {}
         self._beats: dict[str, _Heartbeat] = {}
+        self._live_checks: dict[str, Check] = {}
 
     # -- readiness -------------------------------------------------------
 
@@ -105,20 +112,15 @@ class HealthChecks:
         """``(all_ok, {"status": ..., "checks": {name: {"ok", "detail"}}})``."""
         with self._lock:
             checks = list(self._checks.items())
-        results: dict[str, dict[str, Any]] = {}
-        for name, fn in checks:
-            try:
-                out = fn()
-                if isinstance(out, tuple):
-                    ok, detail = out
-                else:
-                    ok, detail = out, None
-                ok = bool(ok)
-            except Exception as exc:  # a broken check means not ready, never a 500
-                ok, detail = False, f"{type(exc).__name__}: {exc}"
-            results[name] = {"ok": ok, "detail": detail}
+        results = _run_checks(checks)
         all_ok = all(r["ok"] for r in results.values())
         return all_ok, {"status": "ok" if all_ok else "fail", "checks": results}
+
+    def register_liveness(self, name: str, fn: Check) -> None:
+        """Add (or replace) liveness check ``name``: ``/healthz`` fails while it fails."""
+        with self._lock:
+            self._live_checks[name] = fn
+
 
     # -- liveness --------------------------------------------------------
 
@@ -144,16 +146,84 @@ class HealthChecks:
             self._beats.pop(name, None)
 
     def liveness(self) -> tuple[bool, dict[str, Any]]:
-        """``(alive, {"status": ..., "heartbeats": {name: {"ok", "age_s", "timeout_s"}}})``."""
+        """``(alive, {"status": ..., "heartbeats": {name: {"ok", "age_s", "timeout_s"}}, "checks": {...}})``."""
         now = self._clock()
         with self._lock:
             beats = dict(self._beats)
+            live_checks = list(self._live_checks.items())
         results = {}
         for name, hb in beats.items():
             age = now - hb.last
             results[name] = {"ok": age <= hb.timeout_s, "age_s": round(age, 3), "timeout_s": hb.timeout_s}
-        alive = all(r["ok"] for r in results.values())
-        return alive, {"status": "ok" if alive else "fail", "heartbeats": results}
+        checks = _run_checks(live_checks)
+        alive = all(r["ok"] for r in results.values()) and all(r["ok"] for r in checks.values())
+        body: dict[str, Any] = {"status": "ok" if alive else "fail", "heartbeats": results}
+        if checks:
+            body["checks"] = checks
+        return alive, body
+
+
+def _run_checks(checks: list[tuple[str, Check]]) -> dict[str, dict[str, Any]]:
+    results: dict[str, dict[str, Any]] = {}
+    for name, fn in checks:
+        try:
+            out = fn()
+            if isinstance(out, tuple):
+                ok, detail = out
+            else:
+                ok, detail = out, None
+            ok = bool(ok)
+        except Exception as exc:  # a broken check means failed, never a 500
+            ok, detail = False, f"{type(exc).__name__}: {exc}"
+        results[name] = {"ok": ok, "detail": detail}
+    return results
+
+
+class LatencyWindow:
+    """Durations of the last ``window_s`` seconds, and a check on their p99.
+
+    ``observe(seconds)`` per request; ``check()`` is ``(ok, detail)`` for ``register_liveness``:
+    failed while at least ``min_count`` requests fell in the window and their p99 is over
+    ``max_p99_s`` (fewer requests say too little, and count as healthy). At most
+    ``max_samples`` durations are kept (the newest).
+    """
+
+    def __init__(self, max_p99_s: float, window_s: float = 60.0, min_count: int = 20,
+                 max_samples: int = 10_000, clock: Callable[[], float] = time.monotonic) -> None:
+        if max_p99_s <= 0 or window_s <= 0 or min_count < 1:
+            raise ValueError("max_p99_s and window_s must be positive, min_count at least 1")
+        self.max_p99_s, self.window_s, self.min_count = max_p99_s, window_s, min_count
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._samples: collections.deque[tuple[float, float]] = collections.deque(maxlen=max_samples)
+
+    def observe(self, seconds: float) -> None:
+        with self._lock:
+            self._samples.append((self._clock(), seconds))
+
+    def recent(self) -> list[float]:
+        """The durations observed within the window."""
+        cutoff = self._clock() - self.window_s
+        with self._lock:
+            while self._samples and self._samples[0][0] < cutoff:
+                self._samples.popleft()
+            return [d for _, d in self._samples]
+
+    def p99(self) -> float | None:
+        """Nearest-rank p99 of the window's durations (None when empty)."""
+        xs = sorted(self.recent())
+        if not xs:
+            return None
+        return xs[max(0, math.ceil(0.99 * len(xs)) - 1)]
+
+    def check(self) -> tuple[bool, dict[str, Any]]:
+        xs = self.recent()
+        n = len(xs)
+        p99 = self.p99() if n else None
+        ok = n < self.min_count or p99 is None or p99 <= self.max_p99_s
+        return ok, {"requests": n, "p99_ms": None if p99 is None else round(p99 * 1e3, 3),
+                    "max_p99_ms": round(self.max_p99_s * 1e3, 3), "window_s": self.window_s,
+                    "min_requests": self.min_count}
 
 
 @dataclass(frozen=True)
