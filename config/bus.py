@@ -42,6 +42,14 @@ def parse_retention(text: str) -> dict[str, Retention]:
     return out
 
 
+def parse_duration_ms(text: str) -> int:
+    """``"30d"``, ``"12h"``, ``"90m"``, ``"45s"``, ``"500ms"`` -> milliseconds (ValueError if not)."""
+    ms = _amount(text, _UNITS_MS, text)
+    if ms < 0:
+        raise ValueError(f"duration {text!r}: must be a time, not forever")
+    return ms
+
+
 def _amount(text: str, units: dict[str, int], item: str) -> int:
     text = text.strip().lower()
     if text in ("forever", "-1"):

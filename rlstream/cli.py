@@ -235,6 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="JSON instead of the table")
     p.add_argument("--no-plot", action="store_true", help="do not plot latency and freshness over time")
 
+    p = sub.add_parser("prune", help="remove run directories (logs, TensorBoard, event log) older than a bound")
+    p.add_argument("runs_dir", type=Path, nargs="?", default=Path("runs"), metavar="RUNS_DIR",
+                   help="directory of run directories (default: runs); runs/latest's target is never removed")
+    p.add_argument("--older-than", default="30d", metavar="AGE",
+                   help="age of a run's newest file past which it goes: 30d (default), 12h, 90m, ...")
+    p.add_argument("--yes", action="store_true", help="remove them (default: a dry run that only lists them)")
+
     _add_time_travel(sub)
     sub.add_parser("broker", help="local Apache Kafka broker (start|stop|status|fetch)", add_help=False)
     assert set(sub.choices) == set(KNOWN_COMMANDS), "CLI and runtime.ports.KNOWN_COMMANDS disagree"
@@ -540,6 +547,26 @@ def cmd_validate(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_prune(a: argparse.Namespace) -> int:
+    """List (dry run) or remove (--yes) the run directories older than --older-than."""
+    from config.bus import parse_duration_ms
+    from runtime.prune import prune
+
+    try:
+        older_s = parse_duration_ms(a.older_than) / 1000
+        entries = prune(a.runs_dir, older_s, yes=a.yes)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"prune: {e}", file=sys.stderr)
+        return 2
+    verb = "removed" if a.yes else "would remove"
+    for e in entries:
+        print(f"{verb} {e.path}  ({e.age_s / 86400:.1f} days old, {e.bytes / 2**20:.1f} MiB)")
+    total = sum(e.bytes for e in entries) / 2**20
+    print(f"{verb} {len(entries)} entries older than {a.older_than}, {total:.1f} MiB"
+          + ("" if a.yes else "; run again with --yes to remove them"), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "broker":
@@ -551,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"train": cmd_train, "actor": cmd_role, "learner": cmd_role, "subscribe": cmd_subscribe,
                 "replay": cmd_replay, "rollback": cmd_rollback, "serve": cmd_serve, "eval": cmd_eval,
                 "verify": cmd_time_travel, "fork": cmd_time_travel, "lineage": cmd_time_travel,
-                "validate": cmd_validate}
+                "validate": cmd_validate, "prune": cmd_prune}
     return handlers[a.command](a)
 
 

@@ -43,6 +43,7 @@ KNOWN_COMMANDS: tuple[str, ...] = (
     "fork",
     "lineage",
     "validate",
+    "prune",
 )
 
 #: The role whose port each long-running command uses.
