@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PruneEntry", "DEFAULT_OLDER_THAN", "newest_mtime", "plan", "prune"]
+__all__ = ["DEFAULT_OLDER_THAN", "PruneEntry", "newest_mtime", "plan", "prune"]
 
 DEFAULT_OLDER_THAN = "30d"
 """The deployment guide keeps logs 30 days."""
