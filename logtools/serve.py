@@ -126,6 +126,8 @@ class PolicyServer:
                  heartbeat_timeout_s: float = 30.0, version: int | None = None,
                  at_ms: int | None = None, max_act_p99_ms: float = MAX_ACT_P99_MS,
                  act_window_s: float = 60.0, act_min_requests: int = 20) -> None:
+        # first: a bad bound is a ValueError before anything is opened
+        self.act_latency = LatencyWindow(max_act_p99_ms / 1e3, window_s=act_window_s, min_count=act_min_requests)
         self.metrics = metrics or Metrics(role="serve")
         self.events, self._owned = open_events(source, self.metrics)
         self.policy_id = policy_id
@@ -136,7 +138,6 @@ class PolicyServer:
         self.http.add_route("POST", "/act", self._act)
         self.http.add_route("GET", "/policy", self._policy)
         self.health.register("policy", self._ready)
-        self.act_latency = LatencyWindow(max_act_p99_ms / 1e3, window_s=act_window_s, min_count=act_min_requests)
         self.health.register_liveness("act_p99", self.act_latency.check)
         self._current: _Current | None = None
         self._stop = threading.Event()
