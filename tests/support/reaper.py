@@ -114,6 +114,11 @@ _SESSION = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # multiprocessing's resource tracker serves this process all session long (a spawned child
+    # registers its semaphores with it): started now, before the session's mark, it is never reaped.
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
     parent = os.environ.get(ENV)
     mark = f"s{os.getpid()}-{uuid.uuid4().hex[:8]}"
     config.stash[_SESSION] = f"{parent}/{mark}" if parent else mark
