@@ -61,27 +61,52 @@ def _cmdline(pid: int) -> str:
 
 def reap(mark: str, timeout: float = 30.0) -> dict[int, str]:
     """SIGKILL every process ``marked(mark)`` and each process group one of them leads (never
-    this process's own group), until none is left; returns what was found. Raises
-    ``RuntimeError`` if some survive ``timeout`` (an uninterruptible sleep)."""
+    this process's own group), until none is left and each has ended (a killed process loses its
+    environment before it has finished exiting); returns what was found. Raises ``RuntimeError``
+    if some survive ``timeout`` (an uninterruptible sleep)."""
     found: dict[int, str] = {}
+    starts: dict[int, int | None] = {}
     own_group = os.getpgrp()
     deadline = time.monotonic() + timeout
     while True:
         alive = marked(mark)
-        if not alive:
+        for pid in alive:
+            starts.setdefault(pid, _start(pid))
+        exiting = [pid for pid, start in starts.items() if pid not in alive and _running(pid, start)]
+        if not alive and not exiting:
             _collect_zombies(found)
             return found
         found.update(alive)
         if time.monotonic() > deadline:
-            raise RuntimeError(f"processes of {mark} survive SIGKILL: {alive}")
+            raise RuntimeError(f"processes of {mark} survive SIGKILL: {alive or exiting}")
         for pid in alive:
             with contextlib.suppress(OSError):  # gone meanwhile
                 if os.getpgid(pid) == pid and pid != own_group:
                     os.killpg(pid, signal.SIGKILL)  # a child that cleared its environment, too
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        _collect_zombies(alive)
+        _collect_zombies(found)
         time.sleep(0.05)
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _start(pid: int) -> int | None:
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None
+
+
+def _running(pid: int, start: int | None) -> bool:
+    """``pid`` is still the process that started at ``start`` and has not ended (a zombie has)."""
+    fields = _stat(pid)
+    return fields is not None and int(fields[19]) == start and fields[0] not in ("Z", "X")
 
 
 def _collect_zombies(pids) -> None:
