@@ -27,7 +27,8 @@ from collections.abc import Iterator
 import pytest
 
 ENV = "RLSTREAM_TEST_PROCS"
-_REAPED = pytest.StashKey[list]()
+_SESSION = pytest.StashKey[str]()  # this session's mark
+_REAPED = pytest.StashKey[list]()  # (test, {pid: command line}) of what tests left behind
 
 
 def marked(mark: str) -> dict[int, str]:
@@ -133,9 +134,6 @@ def mark_as(mark: str) -> Iterator[None]:
 
 def _session_mark(config: pytest.Config) -> str:
     return config.stash[_SESSION]
-
-
-_SESSION = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
