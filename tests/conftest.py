@@ -1,23 +1,27 @@
-"""Shared fixtures: a Kafka broker for the session, and ``bus`` run over every backend.
+"""Shared fixtures: the suite's Kafka broker, and ``bus`` run over every backend.
 
-``kafka_bootstrap`` finds a broker, in this order: env ``KAFKA_BROKERS``; a Kafka already
-answering on 127.0.0.1:9092 (``rlstream broker start``); testcontainers' Kafka where a Docker
-engine answers; a ``localkafka.broker.LocalKafka`` started on free ports for this session.
-None of these -> the kafka tests fail when ``CI=true``, else they are skipped with the reasons.
+Kafka: the suite never uses a broker it was not told to. ``suite_kafka`` is a broker this
+session starts itself, on free ports (a ``localkafka.broker.LocalKafka``; where no java can run,
+a testcontainers Kafka where a Docker engine answers), and stops at its end. ``kafka_bootstrap``
+is that broker, unless ``RLSTREAM_TEST_KAFKA`` (``host:port``) names another one explicitly: the
+tests on ``kafka_bootstrap`` only create topics named with a uuid and delete just those. A broker
+on 9092 or ``KAFKA_BROKERS`` (a developer's own runs) is never used. No broker -> the kafka
+tests fail when ``CI=true``, else they are skipped with the reasons.
 
 ``bus`` is parametrised over ``memory`` and ``kafka`` (marked ``kafka``): a contract test
 takes ``bus`` and ``new_topic`` and runs against both. Topic names carry a uuid, so tests
-never see each other's records on the shared broker.
+never see each other's records.
 
 Tests that need the fixed ``streams.topics`` names (the Faust worker, the decoupled roles)
-take ``rl_topics``. They run on ``rl_kafka``, a broker of this session's own (a
-``LocalKafka`` on free ports, started once, ~3 s), never on the shared one: other sessions
-(and people's decoupled runs) use the same names there. ``rl_topics`` deletes every ``rl.*``
-topic and the roles' consumer groups and creates the topics afresh, before the test and again
-after it, so no test sees another's records, offsets or policy versions. Such tests also use
-their own ``policy_id``, which the processors and the learner follow exclusively. Where no
-private broker can start (no java), ``rl_kafka`` falls back to ``kafka_bootstrap`` -- the resets
-then wipe the ``rl.*`` topics of that broker.
+take ``rl_topics``, on ``rl_kafka``: always ``suite_kafka``, never a named broker.
+``rl_topics`` deletes the ``rl.*`` topics and the roles' consumer groups -- all of them made by
+this session's tests on its own broker -- and creates the topics afresh, before the test and
+again after it, so no test sees another's records, offsets or policy versions. Such tests also
+use their own ``policy_id``, which the processors and the learner follow exclusively.
+
+Plugins: ``tests.support.reaper`` ends every process a test starts, pass or fail;
+``tests.support.services`` gives the ``kafka``/``redis`` marks to the tests using those fixtures
+and turns a skip for a missing service into a failure under ``CI=true``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import pytest
 
 from streams.topics import TopicSpec
 from tests.support.ports import free_port_pair
+
+pytest_plugins = ("tests.support.reaper", "tests.support.services")
 
 # Group joins dominate Kafka test time: heartbeat often so a rebalance is noticed in ~0.5 s.
 # 6000 ms is the broker's group.min.session.timeout.ms.
@@ -65,21 +71,35 @@ def _docker_kafka(reasons: list[str]):
         return None
 
 
-@pytest.fixture(scope="session")
-def kafka_bootstrap(tmp_path_factory):
-    """Bootstrap servers of a running Kafka for this session (see the module docstring)."""
-    env = os.environ.get("KAFKA_BROKERS")
-    if env:
-        yield env
-        return
-    from localkafka.broker import BrokerError, LocalKafka, probe
+def _unavailable(msg: str) -> None:
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(msg)
+    pytest.skip(msg)
 
-    reasons = ["KAFKA_BROKERS unset"]
-    p = probe("127.0.0.1", 9092, timeout=2.0)
-    if p["ready"]:
-        yield "127.0.0.1:9092"
+
+@pytest.fixture(scope="session")
+def suite_kafka(tmp_path_factory):
+    """Bootstrap servers of a broker this session started (see the module docstring)."""
+    from localkafka.broker import BrokerError, LocalKafka
+
+    reasons = []
+    kafka = None
+    try:
+        kafka = LocalKafka(port=free_port_pair(), data_dir=tmp_path_factory.mktemp("kafka"), quiet=True,
+                           heap=("-Xms128m", "-Xmx768m"))
+        kafka.start(timeout=240)
+    except (BrokerError, OSError, RuntimeError) as e:
+        reasons.append(f"LocalKafka did not start: {str(e).splitlines()[0]}")
+        if kafka is not None:
+            with contextlib.suppress(Exception):
+                kafka.kill()
+        kafka = None
+    if kafka is not None:
+        try:
+            yield kafka.bootstrap
+        finally:
+            kafka.kill()  # its data dir is thrown away
         return
-    reasons.append(f"no Kafka on 127.0.0.1:9092 ({p['error']})")
     container = _docker_kafka(reasons)
     if container is not None:
         try:
@@ -87,26 +107,14 @@ def kafka_bootstrap(tmp_path_factory):
         finally:
             container.stop()
         return
-    kafka = None
-    try:
-        kafka = LocalKafka(port=free_port_pair(), data_dir=tmp_path_factory.mktemp("kafka"), quiet=True)
-        kafka.start(timeout=240)
-    except (BrokerError, OSError, RuntimeError) as e:
-        reasons.append(f"LocalKafka did not start: {str(e).splitlines()[0]}")
-        if kafka is not None:
-            with contextlib.suppress(Exception):
-                kafka.stop()
-        kafka = None
-    if kafka is not None:
-        try:
-            yield kafka.bootstrap
-        finally:
-            kafka.stop()
-        return
-    msg = "no Kafka broker for the kafka tests: " + "; ".join(reasons)
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(msg)
-    pytest.skip(msg)
+    _unavailable("no Kafka broker for the kafka tests: " + "; ".join(reasons))
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(request):
+    """``RLSTREAM_TEST_KAFKA`` when set, else ``suite_kafka`` (see the module docstring)."""
+    named = os.environ.get("RLSTREAM_TEST_KAFKA", "").strip()
+    return named or request.getfixturevalue("suite_kafka")
 
 
 @pytest.fixture(params=["memory", "memory-files", pytest.param("kafka", marks=pytest.mark.kafka)])
@@ -147,7 +155,7 @@ def new_topic(bus, request):
         return name
 
     yield make
-    delete = getattr(bus, "delete_topics", None)  # keep the shared broker clean
+    delete = getattr(bus, "delete_topics", None)  # keep a named broker clean
     if delete is not None and made:
         from streams.bus.kafka import KafkaBus
 
@@ -161,30 +169,10 @@ ROLE_GROUPS = ("rlstream-streams", "learner")
 
 
 @pytest.fixture(scope="session")
-def rl_kafka(request, tmp_path_factory):
-    """Bootstrap servers of a broker private to this session, for the tests on the fixed topic
-    names (see the module docstring)."""
-    from localkafka.broker import BrokerError, LocalKafka
-
-    kafka = None
-    try:
-        kafka = LocalKafka(port=free_port_pair(), data_dir=tmp_path_factory.mktemp("rl-kafka"), quiet=True,
-                           heap=("-Xms128m", "-Xmx512m"))
-        kafka.start(timeout=180)
-    except (BrokerError, OSError, RuntimeError) as e:
-        if kafka is not None:
-            with contextlib.suppress(Exception):
-                kafka.kill()
-        import warnings
-
-        warnings.warn(f"no private Kafka for the fixed-topic tests ({str(e).splitlines()[0]}); "
-                      "using the session broker, whose rl.* topics they reset")
-        yield request.getfixturevalue("kafka_bootstrap")
-        return
-    try:
-        yield kafka.bootstrap
-    finally:
-        kafka.kill()  # its data dir is thrown away
+def rl_kafka(suite_kafka):
+    """Bootstrap servers of the broker for the tests on the fixed topic names: this session's
+    own, never ``RLSTREAM_TEST_KAFKA`` (see the module docstring)."""
+    return suite_kafka
 
 
 @pytest.fixture

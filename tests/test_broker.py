@@ -359,7 +359,8 @@ def test_stdlib_cli_starts_a_ready_broker_and_stops_it(tmp_path):
     port, ctrl = free_port(), free_port()
     root = Path(__file__).resolve().parents[1]
 
-    env = {k: v for k, v in os.environ.items() if k in ("HOME", "JAVA_HOME", "PATH", "RLSTREAM_CACHE")}
+    keep = ("HOME", "JAVA_HOME", "PATH", "RLSTREAM_CACHE", "RLSTREAM_TEST_PROCS")  # the last: tests.support.reaper
+    env = {k: v for k, v in os.environ.items() if k in keep}
 
     def cli(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-S", "-m", "localkafka.broker", *args, "--port", str(port),

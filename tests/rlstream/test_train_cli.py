@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -52,12 +53,22 @@ def versions(log: Path) -> list:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def first_run(tmp_path_factory):
+    """One training run for the module, never changed: each test takes a copy (``run``)."""
     cwd = tmp_path_factory.mktemp("cli")
     p = rlstream("train", "--env", "Pendulum-v1", "--total-steps", "4096", "--num-envs", "2",
                  "--snapshot-every", "1", "--metrics-port", "-1", "--plot", "--run-id", "first", "--log-json",
                  cwd=cwd)
     return cwd, p
+
+
+@pytest.fixture
+def run(first_run, tmp_path):
+    """A copy of ``first_run``'s directory of this test's own (``runs/latest`` stays a relative
+    link), so a test that resumes or replays into it changes no other test's run."""
+    cwd, p = first_run
+    shutil.copytree(cwd / "runs", tmp_path / "runs", symlinks=True)
+    return tmp_path, p
 
 
 def test_train_writes_summary_curve_plot_snapshots_and_the_event_log(run):

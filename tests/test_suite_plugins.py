@@ -1,0 +1,274 @@
+"""The suite's own plugins, each run in a pytest of its own: ``tests.support.reaper`` (every
+process a test starts ends with it, pass or fail) and ``tests.support.services`` (the
+``kafka``/``redis`` marks follow the fixtures; under ``CI=true`` a skip for a missing service
+fails)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.reaper import marked
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_in(where: Path, source: str, *args: str, env: dict[str, str] | None = None,
+              timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``source`` (a test module) in a pytest of its own with the suite's plugins, in order."""
+    (where / "test_inner.py").write_text(textwrap.dedent(source))
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+                **(env or {})}
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
+                           "-p", "tests.support.reaper", "-p", "tests.support.services", "-q", "-rA",
+                           "test_inner.py", *args], cwd=where, env=full_env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def running(pid: int, start: int) -> bool:
+    """Whether the process ``pid`` that started at ``start`` (clock ticks since boot) still runs
+    (another start time: the pid was reused; a zombie has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return int(fields[19]) == start and fields[0] != "Z"
+
+
+# The failing test of a decoupled run: it starts ``rlstream train --mode decoupled`` (its own
+# session; the learner, the Faust worker and the actor each in a session of their own), records
+# them, and raises. ``test_after`` runs next and looks for any of them.
+DECOUPLED = """
+import json, os, subprocess, sys, time
+from pathlib import Path
+
+OUT = Path(os.environ["INNER_OUT"])
+
+
+def stat(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return {"state": fields[0], "ppid": int(fields[1]), "pgrp": int(fields[2]), "sid": int(fields[3]),
+            "start": int(fields[19])}
+
+
+def children(pid):
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                st = stat(int(name))
+            except (OSError, IndexError, ValueError):
+                continue
+            if st["ppid"] == pid:
+                out[int(name)] = st
+    return out
+
+
+def test_a_decoupled_run_then_a_failure(tmp_path):
+    run = subprocess.Popen(
+        [sys.executable, "-m", "rlstream.cli", "train", "--mode", "decoupled", "--algo", "ppo", "--env",
+         "Pendulum-v1", "--total-steps", "100000000", "--bootstrap", os.environ["INNER_BOOTSTRAP"],
+         "--run-dir", str(tmp_path / "run"), "--metrics-port", "-1", "--log-every", "60"],
+        stdout=(tmp_path / "train.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 240
+    kids = {}
+    while len(kids) < 3 and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        kids = children(run.pid)
+    assert len(kids) >= 3, (tmp_path / "train.log").read_text()[-3000:]
+    (OUT / "run.json").write_text(json.dumps({
+        "mark": os.environ["RLSTREAM_TEST_PROCS"], "parent": [run.pid, stat(run.pid)],
+        "children": {str(pid): st for pid, st in kids.items()}}))
+    raise AssertionError("a deliberate failure, the run still going")
+
+
+def test_after():
+    rec = json.loads((OUT / "run.json").read_text())
+    alive = []
+    for pid, st in [rec["parent"], *rec["children"].items()]:
+        try:
+            now = stat(int(pid))
+        except OSError:
+            continue  # gone
+        if now["start"] == st["start"] and now["state"] != "Z":  # the same process, not ended
+            alive.append(int(pid))
+    (OUT / "after.json").write_text(json.dumps({"alive": alive}))
+"""
+
+
+def test_no_process_of_a_failed_decoupled_run_is_left(rl_kafka, tmp_path):
+    """A test that starts a decoupled run and fails leaves none of its processes: not the parent,
+    nor the children the supervisor put in sessions of their own; gone by the next test."""
+    p = pytest_in(tmp_path, DECOUPLED, env={"INNER_BOOTSTRAP": rl_kafka, "INNER_OUT": str(tmp_path),
+                                            "OMP_NUM_THREADS": "1"})
+    assert "1 failed, 1 passed" in p.stdout and "a deliberate failure" in p.stdout, p.stdout[-4000:]
+    rec = json.loads((tmp_path / "run.json").read_text())
+    parent_pid, parent = rec["parent"]
+    kids = {int(pid): st for pid, st in rec["children"].items()}
+    # the run really was a supervisor with children in sessions of their own
+    assert len(kids) >= 3 and all(st["sid"] == pid != parent["sid"] for pid, st in kids.items()), rec
+    assert json.loads((tmp_path / "after.json").read_text()) == {"alive": []}
+    for pid, st in [(parent_pid, parent), *kids.items()]:
+        assert not running(pid, st["start"]), f"process {pid} of the failed run is still running"
+    assert marked(rec["mark"].rsplit("/", 1)[0]) == {}  # nothing at all of the inner session
+
+
+GROUP = """
+import os, subprocess, time
+
+def test_starts_a_group_whose_member_cleared_its_environment():
+    # sh (marked) leads a new session; its child sleep has an empty environment
+    subprocess.Popen(["setsid", "sh", "-c", "env -i sleep 1000 & echo $! > sleep.pid; wait"])
+    for _ in range(600):  # until the child is sleep, no longer the forked (marked) sh
+        try:
+            with open(f"/proc/{int(open('sleep.pid').read())}/cmdline", "rb") as f:
+                if f.read().startswith(b"sleep"):
+                    return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError("sleep did not start")
+
+def test_after():
+    pid = int(open("sleep.pid").read())
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        assert b"sleep" not in f.read()
+"""
+
+
+def test_a_process_without_the_mark_dies_with_the_group_it_is_in(tmp_path):
+    p = pytest_in(tmp_path, GROUP)
+    assert "2 passed" in p.stdout, p.stdout[-3000:]
+
+
+SESSION = """
+import os, subprocess, pytest
+
+@pytest.fixture(scope="session")
+def server():
+    proc = subprocess.Popen(["sleep", "1000"])
+    yield proc
+    proc.kill()
+
+@pytest.fixture
+def helper():
+    return subprocess.Popen(["sleep", "1000"])
+
+def test_first(helper, request):
+    request.getfixturevalue("server")  # set up inside the test
+    open("helper.pid", "w").write(str(helper.pid))
+
+def test_second(server):
+    assert server.poll() is None  # started for the session, not killed with test_first
+    helper = int(open("helper.pid").read())
+    assert not os.path.exists(f"/proc/{helper}") or open(f"/proc/{helper}/stat").read().split()[2] == "Z"
+"""
+
+
+def test_a_session_fixtures_process_outlives_the_test_that_started_it(tmp_path):
+    p = pytest_in(tmp_path, SESSION)
+    assert "2 passed" in p.stdout, p.stdout[-3000:]
+
+
+MARKS = """
+import pytest
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap():
+    return "127.0.0.1:1"
+
+@pytest.fixture(scope="session")
+def redis_server_url():
+    return "redis://127.0.0.1:1/0"
+
+@pytest.fixture
+def through_another(kafka_bootstrap):
+    return kafka_bootstrap
+
+def test_plain():
+    pass
+
+def test_kafka(kafka_bootstrap):
+    pass
+
+def test_kafka_through_a_fixture(through_another):
+    pass
+
+def test_redis(redis_server_url):
+    pass
+
+def test_both(kafka_bootstrap, redis_server_url):
+    pass
+"""
+
+
+@pytest.mark.parametrize(("select", "expect"), [
+    ("not kafka and not redis", {"test_plain"}),
+    ("kafka", {"test_kafka", "test_kafka_through_a_fixture", "test_both"}),
+    ("redis", {"test_redis", "test_both"}),
+])
+def test_the_kafka_and_redis_marks_follow_the_fixtures(tmp_path, select, expect):
+    p = pytest_in(tmp_path, MARKS, "-m", select, "--strict-markers", "-o",
+                  "markers=kafka\nredis", "--collect-only")
+    got = {line.split("::")[1] for line in p.stdout.splitlines() if "::" in line}
+    assert got == expect, p.stdout[-3000:]
+
+
+SKIPS = """
+import pytest
+
+@pytest.fixture
+def broker():
+    pytest.skip("no Kafka broker for the kafka tests: LocalKafka did not start")
+
+def test_no_broker(broker):
+    pass
+
+def test_no_redis():
+    pytest.skip("REDIS_URL unset and no redis-server on PATH")
+
+def test_no_java():
+    pytest.skip("javac not found (install a JDK 17)")
+
+def test_no_gpu():
+    pytest.skip("needs a CUDA device")
+"""
+
+
+@pytest.mark.parametrize("ci", ["true", ""])
+def test_in_ci_a_skip_for_a_missing_service_fails(tmp_path, ci):
+    p = pytest_in(tmp_path, SKIPS, env={"CI": ci})
+    lines = p.stdout.splitlines()
+    if ci:
+        for outcome, test in (("ERROR", "test_no_broker"), ("FAILED", "test_no_redis"), ("FAILED", "test_no_java")):
+            assert any(ln.startswith(f"{outcome} test_inner.py::{test} - CI=true") for ln in lines), p.stdout[-3000:]
+        assert any(ln.startswith("SKIPPED") and "needs a CUDA device" in ln for ln in lines), p.stdout[-3000:]
+        assert lines[-1].startswith("2 failed, 1 skipped, 1 error"), p.stdout[-3000:]
+    else:
+        assert lines[-1].startswith("4 skipped"), p.stdout[-3000:]
+
+
+CRASH = """
+import os, subprocess
+
+def test_starts_a_process_and_takes_its_pytest_down():
+    proc = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+    open("sleep.pid", "w").write(str(proc.pid))
+    os._exit(3)  # no teardown, no reaper of its own
+"""
+
+
+def test_a_pytest_run_by_a_test_leaves_its_processes_to_that_tests_reaper(tmp_path, reaper):
+    p = pytest_in(tmp_path, CRASH)
+    assert p.returncode == 3, p.stdout[-3000:]
+    pid = int((tmp_path / "sleep.pid").read_text())
+    assert pid in reaper.alive()  # the inner session's mark extends this test's: reaped at its end
