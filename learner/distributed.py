@@ -1,7 +1,7 @@
 """Data-parallel learner ranks over ``torch.distributed`` (gloo on CPU, nccl on CUDA).
 
     group = DataParallel.from_env(algo, Environment.read().rank())   # RANK, WORLD_SIZE, MASTER_ADDR/PORT
-    learner = Learner(config, algo, events, snapshots=store, parallel=group)
+    learner = Learner(config, algo, events, snapshots=store, parallel=group)   # alone: SingleRank
 
 The agents stay pure torch and unaware of ranks: ``GradSync`` hooks the policy's parameters and,
 once per backward pass, all-reduces every gradient in one flat buffer before the algorithm clips
@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from config.env import RankEnv
+from learner.ranks import Agreement
 
 COMPRESSION = ("none", "fp16", "bf16")
 #: Seconds a collective waits for a peer before the rank gives up (a peer that died).
@@ -146,15 +147,12 @@ class GradSync:
             self.uneven = True
 
 
-@dataclass
-class Agreement:
-    train: bool
-    stop: bool
-
-
 class DataParallel:
     """The collective side of a learner rank: batch agreement, gradient sync, gathering what
-    rank 0 publishes, and the start-up settling of the consumer group."""
+    rank 0 publishes, and the start-up settling of the consumer group (``learner.ranks.Ranks``;
+    a learner alone has ``SingleRank``)."""
+
+    follows_foreign_versions = False  # stop the group, roll back, restart it (docs/learners.md)
 
     def __init__(self, algo: Any, rank: int, world: int, compression: str = "none",
                  stop: Callable[[], bool] | None = None, group: Any = None) -> None:
@@ -257,11 +255,12 @@ class DataParallel:
                 dist.broadcast(b, src=src, group=self.group)
         self._guard("buffer broadcast", run)
 
-    def settle(self, consumer: Any, topic: str, partitions: int, explicit: dict | None) -> None:
-        """Start-up: poll until the group's assignment covers ``partitions`` with a non-empty,
+    def settle(self, consumer: Any, topic: str, partitions: Callable[[], int], explicit: dict | None) -> None:
+        """Start-up: poll until the group's assignment covers ``partitions()`` with a non-empty,
         disjoint share per rank, then seek each owned partition back to where it starts
         (``explicit`` snapshot offsets > the group's commit > the log start): records fetched
         while members were still joining are not kept, so none is trained by two ranks."""
+        partitions = partitions()
         if partitions < self.world:
             raise ValueError(f"{topic} has {partitions} partition(s) for {self.world} learner ranks; "
                              f"create it with at least {self.world} (--partitions)")
@@ -279,8 +278,9 @@ class DataParallel:
             off = (explicit or {}).get(tp, committed.get(tp, 0))
             consumer.raw.seek(topic, p, off)
             starts[tp] = off
-        consumer.polled_upto.clear()
-        consumer.polled_upto.update(starts)
+        consumer.ledger.clear()  # what was polled while joining is read again from here
+        for tp, off in starts.items():
+            consumer.ledger.start(tp, off)
         self.gather(None)  # every rank has settled before anyone trains
 
 

@@ -18,6 +18,7 @@ from schemas.codec import Codec
 from schemas.errors import CodecError
 from schemas.events import DeadLetter, now_ms
 from streams.bus.base import Bus, Consumer, Record, StartAt
+from streams.offsets import OffsetLedger
 from streams.topics import DEADLETTER, dead_letters_here
 
 E = TypeVar("E")
@@ -115,14 +116,14 @@ class EventConsumer(Generic[E]):
         self.raw = consumer
         self.stage = stage
         self.expect = expect if isinstance(expect, tuple) or expect is None else (expect,)
-        # next offset after every record polled, dead-lettered ones included, per partition
-        self.polled_upto: dict[tuple[str, int], int] = {}
+        # (topic, partition) -> how far polled, dead-lettered records included (``read``); the
+        # caller holds what it keeps and commits ``ledger.offsets()`` (streams.offsets)
+        self.ledger: OffsetLedger[tuple[str, int]] = OffsetLedger()
 
     def poll(self, timeout: float = 1.0, max_records: int = 500) -> list[tuple[Record, E]]:
         out: list[tuple[Record, E]] = []
         for rec in self.raw.poll(timeout, max_records):
-            tp = (rec.topic, rec.partition)
-            self.polled_upto[tp] = max(self.polled_upto.get(tp, 0), rec.offset + 1)
+            self.ledger.read((rec.topic, rec.partition), rec.offset)
             ev = self.decode(rec)
             if ev is not None:
                 out.append((rec, ev))

@@ -18,10 +18,11 @@ Rules kept here, once:
   dead-lettered with the codec's reason (or ``processor_error``) through
   ``streams.events.DeadLetters.build`` -- the one DeadLetter builder. A bad policy record is
   skipped and counted (the learner owns its dead letter, ``streams.topics.DEAD_LETTER_OWNERS``).
-* **held records**: ``held`` maps (partition, offset) to each raw record inside ``Prepare``
-  (buffered for reordering) and its shell handle; the in-process shell commits no partition
-  past its lowest held offset; the Faust shell acks a record only once its output is written,
-  and in offset order (``InOrderAcks``).
+* **held records**: ``ledger`` (``streams.offsets.OffsetLedger``) holds each raw record read
+  and still inside ``Prepare`` (buffered for reordering) with its shell handle; the in-process
+  shell commits what it says is safe (no partition past its lowest held offset); the Faust
+  shell acks a record only once its output is written, and in offset order (``InOrderAcks``,
+  the same ledger over the records taken and not yet written).
 * **a rejection whose record is no longer held** (a rebalance or a redelivery replaced it) is
   still dead-lettered, from the batch it carries (re-encoded; partition and offset from the
   rejection): no rejection leaves without its dead letter, and there is nothing to ack.
@@ -45,6 +46,7 @@ from schemas.errors import CodecError
 from schemas.events import PolicyVersion, PreparedBatch, SampleBatch
 from streams.bus.base import Record
 from streams.events import DeadLetters
+from streams.offsets import OffsetLedger
 from streams.processors.pipeline import REASON_PROCESSOR_ERROR, Output, Prepare, Rejection
 from streams.processors.staleness import PolicyStalenessError
 from streams.topics import DEADLETTER, SAMPLES_PREPARED, SAMPLES_RAW, dead_letters_here
@@ -139,28 +141,29 @@ class InOrderAcks:
 
     def __init__(self, where: Callable[[Any], tuple[int, int]], reseek_after: int = 1024) -> None:
         self.where = where  # handle -> (partition, offset)
-        self._open: dict[int, dict[int, Any]] = {}  # partition -> offset -> handle once done, else None
-        self._next: dict[int, int] = {}  # partition -> the offset expected next
+        # records taken and not done are held; ``upto`` is the offset expected next
+        self.ledger: OffsetLedger[int] = OffsetLedger()
+        self._done: dict[int, dict[int, Any]] = {}  # partition -> offset -> handle, done and not acked yet
         self._seeking: dict[int, tuple[int, int]] = {}  # partition -> (highest offset skipped, how many) since the seek
         self.reseek_after = reseek_after
         self.rewinds = 0  # seeks back over a gap
 
     def expect(self, partition: int, offset: int) -> None:
         """``partition`` (newly assigned) starts at ``offset``."""
-        self._open.pop(partition, None)
+        self.ledger.start(partition, offset)
+        self._done.pop(partition, None)
         self._seeking.pop(partition, None)
-        self._next[partition] = int(offset)
 
     def next(self, partition: int) -> int | None:
-        return self._next.get(partition)
+        return self.ledger.upto(partition)
 
     def arrived(self, handle: Any) -> str:
         p, o = self.where(handle)
-        nxt = self._next.get(p)
+        nxt = self.ledger.upto(p)
         if nxt is None or o == nxt:  # no start known: the first record is the start
-            self._next[p] = o + 1
+            self.ledger.read(p, o)
+            self.ledger.hold(p, o)
             self._seeking.pop(p, None)
-            self._open.setdefault(p, {})[o] = None
             return TAKE
         if o < nxt:
             return SKIP  # taken already: a second delivery
@@ -177,34 +180,34 @@ class InOrderAcks:
         """A seek back decided outside ``arrived`` (a partition that stalled after a gap):
         counted with the others; the offset to seek to."""
         self.rewinds += 1
-        return self._next[partition]
+        return self.ledger.upto(partition)
 
     def done(self, handle: Any) -> list[Any]:
-        """Mark ``handle`` done; the handles that may be acked now, in offset order (none of a
-        partition this shell no longer owns: its records go to the new owner)."""
+        """Mark ``handle`` done; the handles that may be acked now, in offset order: those below
+        the partition's lowest record still held (none of a partition this shell no longer
+        owns: its records go to the new owner)."""
         p, o = self.where(handle)
-        part = self._open.get(p)
-        if part is None or o not in part:
+        if not self.ledger.holds(p, o):
             return []
-        part[o] = handle
-        out = []
-        for off in sorted(part):
-            h = part[off]
-            if h is None:
-                break
-            out.append(h)
-            del part[off]
+        self.ledger.release(p, o)
+        done = self._done.setdefault(p, {})
+        done[o] = handle
+        safe = self.ledger.safe(p)
+        out = [done.pop(off) for off in sorted(done) if off < safe]
+        if not done:
+            del self._done[p]
         return out
 
     def pending(self, partition: int) -> int:
         """Records of ``partition`` taken and not acked yet."""
-        return len(self._open.get(partition, ()))
+        return len(self.ledger.held(partition)) + len(self._done.get(partition, ()))
 
     def forget(self, partitions: Iterable[int]) -> None:
         """A rebalance took ``partitions``: their records are redelivered to the new owner."""
-        for p in partitions:
-            self._open.pop(p, None)
-            self._next.pop(p, None)
+        ps = list(partitions)
+        self.ledger.forget(ps)
+        for p in ps:
+            self._done.pop(p, None)
             self._seeking.pop(p, None)
 
 
@@ -226,7 +229,8 @@ class ShellCore:
         self.stage = stage
         self.codec = codec
         self.policy_records = policy_records if policy_records is not None else PolicyRecords()
-        self.held: dict[tuple[int, int], tuple[Record, Any]] = {}  # (partition, offset) -> (record, handle)
+        # raw records read and held inside ``Prepare``, with their handles: item (record, handle)
+        self.ledger: OffsetLedger[int] = OffsetLedger()
         self.published = 0
         self.dead_lettered = 0
         self.skipped = 0  # bad records of a topic whose dead letters another role owns
@@ -248,6 +252,7 @@ class ShellCore:
     def on_sample(self, rec: Record, handle: Any = None) -> list[Send]:
         """One record of rl.samples.raw; ``handle`` is what the shell releases once it is done."""
         key = (rec.partition, rec.offset)
+        self.ledger.read(*key)
         reason = REASON_PROCESSOR_ERROR
         try:
             try:
@@ -255,10 +260,10 @@ class ShellCore:
             except CodecError as e:
                 reason = e.reason
                 raise
-            self.held[key] = (rec, handle)
+            self.ledger.hold(*key, (rec, handle))
             outs = self.prepare.push(batch, rec.partition, rec.offset)
         except Exception as e:
-            self.held.pop(key, None)
+            self.ledger.release(*key)
             self.prepare.reject_record(reason, e, rec.partition, rec.offset)
             return self.dead_letter(rec, reason, e, done=handle)
         return self.emit(outs)
@@ -277,17 +282,8 @@ class ShellCore:
         ps = set(partitions)
         if not ps:
             return 0
-        for k in [k for k in self.held if k[0] in ps]:
-            del self.held[k]
+        self.ledger.forget(ps)
         return self.prepare.revoke(ps)
-
-    def low_water(self) -> dict[int, int]:
-        """Lowest held offset of each partition: no commit may pass it."""
-        low: dict[int, int] = {}
-        for p, o in self.held:
-            if o < low.get(p, 1 << 62):
-                low[p] = o
-        return low
 
     # -- outputs -----------------------------------------------------------------------------
     def emit(self, outs: list[Output]) -> list[Send]:
@@ -299,11 +295,11 @@ class ShellCore:
                 sends += self.dead_letter(rec, getattr(error, "reason", "policy_unusable"), error)
         for out in outs:
             if isinstance(out, PreparedBatch):
-                rec, handle = self.held.pop((out.source_partition, out.source_offset), (None, None))
+                rec, handle = self.ledger.release(out.source_partition, out.source_offset, (None, None))
                 sends.append(Send(SAMPLES_PREPARED, out.sample.actor_id.encode(), self.codec.encode(out),
                                   self.codec.headers_for(out), source=rec, done=handle))
                 continue
-            rec, handle = self.held.pop((out.partition, out.offset), (None, None))
+            rec, handle = self.ledger.release(out.partition, out.offset, (None, None))
             if isinstance(out.error, PolicyStalenessError):
                 self._log_stale(out, out.error)
             if not out.dead_letter:

@@ -12,7 +12,7 @@ a policy older than the newest published), hand each to the shell core (``stream
 dead-letter, hold, prepare, emit), write what it returns through the ``EventBus``'s bus, flush, then commit.
 
 Commits never pass a batch still held in the reorder buffer: the committed offset of a
-partition stops at the lowest held offset, so a crash redelivers held batches (at least once;
+partition stops at the lowest held offset (the core's ``streams.offsets.OffsetLedger``), so a crash redelivers held batches (at least once;
 the learner's batch_id dedup or ours drops the copies). The consumer group defaults to
 ``STREAMS_GROUP`` (the Faust app's; a namespaced bus scopes it), so either shell continues
 where the other stopped. A bad record of rl.policy.versions is skipped and counted
@@ -71,8 +71,6 @@ class PrepareWorker:
         self._catchup = {p: end for p, end in events.bus.end_offsets(POLICY_VERSIONS).items()
                          if end > begin.get(p, 0)}  # partition -> end offset still to be read
         self._catchup_until = time.monotonic() + policy_catchup_s
-        self._polled: dict[int, int] = {}  # partition -> next offset after the last polled record
-        self._committed: dict[int, int] = {}
 
     published = property(lambda self: self.core.published)
     dead_lettered = property(lambda self: self.core.dead_lettered)
@@ -90,7 +88,6 @@ class PrepareWorker:
         records = self.samples.raw.poll(timeout if not work else 0.0, self.max_records)
         for rec in records:
             work += 1
-            self._polled[rec.partition] = max(self._polled.get(rec.partition, 0), rec.offset + 1)
             work += self._deliver(self.core.on_sample(rec))
         work += self._deliver(self.core.tick())
         self.events.flush()
@@ -121,15 +118,9 @@ class PrepareWorker:
         self.events.bus.produce(s.topic, s.value, key=s.key, headers=dict(s.headers or {}))
 
     def _commit(self) -> None:
-        low = self.core.low_water()
-        offsets = {}
-        for p, nxt in self._polled.items():
-            upto = min(nxt, low.get(p, nxt))
-            if upto > self._committed.get(p, 0):
-                offsets[(SAMPLES_RAW, p)] = upto
-                self._committed[p] = upto
-        if offsets:
-            self.samples.commit(offsets=offsets)
+        due = self.core.ledger.commit_due()  # read, and not past a record still held
+        if due:
+            self.samples.commit(offsets={(SAMPLES_RAW, p): o for p, o in due.items()})
 
     # -- loop -------------------------------------------------------------------------------
     def run(self, stop: threading.Event, timeout: float = 0.1, drain: bool = False) -> None:

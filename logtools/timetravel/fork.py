@@ -56,7 +56,7 @@ def _drain(learner: Learner, ends: dict[int, int]) -> None:
     """Step the learner until it has read up to ``ends`` and has no full batch left."""
     while True:
         trained = learner.step(0.0)
-        caught_up = all(learner.consumer.polled_upto.get((SAMPLES_PREPARED, p), 0) >= e for p, e in ends.items())
+        caught_up = all((learner.consumer.ledger.upto((SAMPLES_PREPARED, p)) or 0) >= e for p, e in ends.items())
         if trained is None and caught_up:
             return
 

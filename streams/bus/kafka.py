@@ -80,6 +80,7 @@ from streams.bus.base import (
     explicit_offset,
     normalise_start,
 )
+from streams.offsets import next_offsets
 from streams.topics import TOPICS, TopicSpec
 
 log = logging.getLogger(__name__)
@@ -827,10 +828,7 @@ class KafkaConsumer(Consumer):
         elif records is None:
             upto = dict(self._polled)
         else:
-            upto = {}
-            for r in records:
-                tp = (r.topic, r.partition)
-                upto[tp] = max(upto.get(tp, 0), r.offset + 1)
+            upto = next_offsets(records)
         todo = {tp: o for tp, o in upto.items()
                 if tp in self._positions and o > self._committed.get(tp, -1)}
         if not todo:

@@ -30,6 +30,7 @@ from streams.bus.base import (
     explicit_offset,
     normalise_start,
 )
+from streams.offsets import next_offsets
 from streams.topics import TOPICS, TopicSpec
 
 DEFAULT_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES
@@ -296,10 +297,7 @@ class MemoryConsumer(Consumer):
         elif records is None:
             upto = dict(self._polled)
         else:
-            upto = {}
-            for r in records:
-                tp = (r.topic, r.partition)
-                upto[tp] = max(upto.get(tp, 0), r.offset + 1)
+            upto = next_offsets(records)
         with self.bus._cond:
             g = self.bus._groups[self.group]
             for tp, off in upto.items():

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from streams.bus.base import TP, Bus, Consumer, Record, StartAt
+from streams.offsets import next_offsets
 from streams.topics import Namespace
 
 
@@ -28,10 +29,7 @@ class NamespacedConsumer(Consumer):
 
     def commit(self, records: Iterable[Record] | None = None, *, offsets: dict[TP, int] | None = None) -> None:
         if records is not None:
-            nxt: dict[TP, int] = {}
-            for r in records:
-                tp = (self.ns.topic(r.topic), r.partition)
-                nxt[tp] = max(nxt.get(tp, 0), r.offset + 1)
+            nxt = next_offsets(records, key=lambda r: (self.ns.topic(r.topic), r.partition))
             if not nxt:
                 return
             self.inner.commit(offsets=nxt)

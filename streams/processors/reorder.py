@@ -116,6 +116,10 @@ class SeenIds:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._d
 
+    def __iter__(self):
+        """The ids remembered, oldest first."""
+        return iter(self._d)
+
     def seen_or_add(self, key: Hashable, now: int) -> bool:
         """True if ``key`` was seen (within the TTL); otherwise remember it and return False."""
         d = self._d

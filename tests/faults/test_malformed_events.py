@@ -340,7 +340,7 @@ def _fresh_prepare(sa):
         return lambda obs, act: np.full(obs.shape[:2], -1.5, np.float32)
 
     sa.prepare = Prepare.from_config(PrepareConfig(max_versions=1000, max_ms=None), factory)
-    sa.core.held.clear()
+    sa.core.ledger.clear()
     sa.acks.forget(range(64))  # each example's test channel numbers its offsets from 0 again
     sent: list[tuple[str, bytes | None, bytes]] = []
 
@@ -373,7 +373,7 @@ def test_faust_sample_agent_dead_letters_exactly_the_bad_records(streams_app, st
     dead = [CODEC.decode(v, DeadLetter) for t, _, v in sent if t == DEADLETTER]
     assert len(dead) == len(bad) and all(d.reason and d.topic == SAMPLES_RAW for d in dead)
     assert sum(t == SAMPLES_PREPARED for t, _, _ in sent) == seq
-    assert sa.core.held == {}
+    assert len(sa.core.ledger) == 0
 
 
 @FUZZ

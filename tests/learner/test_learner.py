@@ -269,3 +269,21 @@ def test_versions_continue_when_another_policy_published_last_on_the_shared_topi
     lr2.start(resume=False)
     ours = [v.version for v in versions(events) if v.policy_id == "policy"]
     assert ours == [0, 1, 2, 3]  # 3, not a second 0
+
+
+def test_a_rank_that_does_not_publish_counts_versions_commits_its_share_and_saves_nothing(events, tmp_path):
+    from learner.ranks import SingleRank
+
+    class NotRankZero(SingleRank):  # the ranks' interface, as a rank > 0 of a group answers it
+        publisher = False
+
+    algo = make_algorithm("ppo", OBS, ACT, {"num_minibatches": 2, "update_epochs": 1}, "cpu")
+    store = open_store(tmp_path)
+    lr = Learner(LearnerConfig(train_batch_size=T * N, snapshot_every=1), algo, events, snapshots=store,
+                 parallel=NotRankZero(algo))
+    lr.start(resume=False)
+    train(lr, events, 2)
+    assert (lr.version, lr.model_version, lr.stats.updates) == (2, 2, 2)
+    assert versions(events) == [] and list(events.bus.read_all(LEARNER_STEPS)) == []  # rank 0 writes them
+    assert store.latest() is None  # and saves the snapshots
+    assert lr.consumer.raw.committed() == {(SAMPLES_PREPARED, 0): 2}

@@ -105,7 +105,7 @@ def test_agents_prepare_and_dead_letter(streams):
             await agent.put(CODEC.encode(make_batch("a", 4, 2, clock.t)), key=b"a")  # off-policy, kept
             await agent.put(CODEC.encode(make_batch("a", 6, 3, clock.t)), key=b"a")  # gap at 5
             await agent.put(b"\x00garbage", key=b"a")
-            assert len(sa.core.held) == 1
+            assert len(sa.core.ledger) == 1
             clock.t += 500
             assert await sa.tick() == 1
             await agent.put(CODEC.encode(make_batch("a", 5, 3, clock.t - 500)), key=b"a")  # late now
@@ -124,7 +124,7 @@ def test_agents_prepare_and_dead_letter(streams):
     assert CODEC.decode(stale.value, SampleBatch).seq == 3 and stale.error_class == "PolicyStalenessError"
     s = sa.prepare.stats
     assert s.drops == {"duplicate": 1, "stale_versions": 1, "corrupt": 1, "late": 1}
-    assert s.emitted_batches == 5 and sa.core.held == {}
+    assert s.emitted_batches == 5 and len(sa.core.ledger) == 0
 
 
 def test_processor_error_does_not_stop_the_agent(streams):
@@ -168,9 +168,9 @@ def test_revocation_forgets_held_batches(streams):
     async def scenario():
         async with sa.samples_agent.test_context() as agent:
             await agent.put(CODEC.encode(make_batch("a", 3, 0, clock.t)), key=b"a")
-            assert len(sa.core.held) == 1
+            assert len(sa.core.ledger) == 1
             sa.on_revoked({0})
-            assert sa.core.held == {} and sa.prepare.reorder.buffered == 0
+            assert len(sa.core.ledger) == 0 and sa.prepare.reorder.buffered == 0
             clock.t += 10_000
             assert await sa.tick() == 0
 

@@ -44,8 +44,8 @@ def test_a_rejection_whose_record_is_no_longer_held_is_dead_lettered_from_its_ba
     core = core_with(clock, max_versions=1, reorder_timeout_ms=100)
     core.deliver(core.on_policy(policy(0, 0)), lambda s: None)
     b = make_batch("a", 1, 0, clock.t)
-    assert core.on_sample(raw(7, b), handle="h7") == [] and list(core.held) == [(0, 7)]
-    core.held.clear()  # e.g. a redelivery replaced it
+    assert core.on_sample(raw(7, b), handle="h7") == [] and core.ledger.held() == [(0, 7)]
+    core.ledger.clear()  # e.g. a redelivery replaced it
     core.on_policy(policy(1, 5))  # the buffered batch is now 5 versions behind
     clock.t += 1000
     sends = core.tick()
@@ -70,7 +70,7 @@ def test_a_failed_publish_dead_letters_the_raw_record_and_the_counts_say_so():
     dl = CODEC.decode(written[0].value, DeadLetter)
     assert (dl.reason, dl.offset, dl.value, dl.detail) == ("processor_error", 3, rec.value, "RuntimeError: broker says no")
     assert written[0].done == "h" and core.counts() == {"published": 0, "dead_lettered": 1, "skipped": 0}
-    assert core.held == {} and core.errors == 1 and core.prepare.stats.drops == {"processor_error": 1}
+    assert len(core.ledger) == 0 and core.errors == 1 and core.prepare.stats.drops == {"processor_error": 1}
 
 
 def test_bad_policy_records_are_skipped_not_dead_lettered_and_bad_weights_are_reported_against_their_record():
