@@ -140,12 +140,6 @@ class Learner:
         self.core.restore(version, state, meta)
         return {(t, int(p)): int(o) for t, p, o in meta.get("offsets", [])} or None
 
-    def rollback(self, to_version: int) -> int:
-        """Restore snapshot ``to_version`` and publish it as a new version; returns that number."""
-        self._restore(to_version)
-        self._drop(self.core.take())
-        return self._publish(parent=to_version)
-
     # -- the loop -----------------------------------------------------------------------------
     @property
     def done(self) -> bool:

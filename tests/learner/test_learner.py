@@ -178,20 +178,6 @@ def test_resume_before_the_first_snapshot_retrains_from_the_log_start(events, tm
     assert versions(events)[-2].parent_version is None  # the restart began a new line from scratch
 
 
-def test_rollback_republishes_a_snapshot_as_a_new_version(events, tmp_path):
-    store = open_store(tmp_path, keep_last=None)
-    lr = make(events, store)
-    lr.start()
-    train(lr, events, 3)
-    new = lr.rollback(1)
-    assert new == 4
-    pv = versions(events)[-1]
-    assert (pv.version, pv.parent_version) == (4, 1)
-    w1, _ = store.load(1)
-    got = load_policy(pv).state_dict()
-    assert all(torch.equal(got[k], w1[k]) for k in w1)
-
-
 def test_running_learner_adopts_a_rollback_published_by_another_process(events, tmp_path):
     from logtools.rollback import rollback
 
