@@ -37,7 +37,7 @@ sys.modules["pynvml"] = None  # as if nvidia-ml-py were not installed
 from runtime.metrics import Metrics
 m = Metrics(role="learner")
 names = sorted({s.name for f in __import__("prometheus_client.parser", fromlist=["x"]).text_string_to_metric_families(
-    m.render().decode()) for s in f.samples if s.name.startswith("rlstream_gpu_")})
+    m.render().decode()) for s in f.samples if s.name.startswith("rlstream_gpu_") and s.name != "rlstream_gpu_available"})
 print(json.dumps({"gpu_enabled": m.gpu_enabled, "gpu_utilization_enabled": m.gpu_utilization_enabled,
                   "gpu_series": names}))
 """
