@@ -675,10 +675,12 @@ class LocalKafka:
         extra_properties: Mapping[str, object] | None = None,
         heap: Sequence[str] = JVM_HEAP,
         quiet: bool = False,
+        env: Environment | None = None,
     ) -> None:
+        self.env = env or Environment.read()  # RLSTREAM_KAFKA_VERSION / _JAVA_OPTS, read once
         self.port = int(port)
         self.controller_port = int(controller_port) if controller_port else self.port + 1
-        self.version = version or default_version()
+        self.version = version or default_version(self.env)
         major_version(self.version)
         self.data_dir = Path(data_dir).expanduser().resolve() if data_dir else (
             kafka_home(self.version) / f"data-{self.port}")
@@ -778,7 +780,7 @@ class LocalKafka:
         return [logprop, f"-Dkafka.logs.dir={self.data_dir / 'logs'}"]
 
     def _java_cmd(self, java: str, main: str, *args: str) -> list[str]:
-        extra = Environment.read().kafka_java_opts
+        extra = self.env.kafka_java_opts
         return [
             java, *self.heap, "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
             "-Djava.awt.headless=true", *self._log_opts(), *extra,

@@ -31,7 +31,7 @@ build_events = event_bus
 
 def build_blob_store(cfg: TrainConfig):
     """The claim-check store of the run (None without Redis), behind the host blob cache."""
-    return open_blob_store(cfg.redis(), cfg.blob_cache_dir())
+    return blob_store_of(cfg.redis(), cfg.blob_cache)
 
 
 def blob_store_of(redis_url: str | None, cache: str | None):
