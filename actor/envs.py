@@ -72,6 +72,28 @@ def registered_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     return gym.spec(import_env_module(env_id))
 
 
+def newest_version(env_id: str) -> str | None:
+    """The newest registered id of ``env_id``'s family (``HalfCheetah-v5`` for ``HalfCheetah-v3``)."""
+    name = import_env_module(env_id)
+    base, dash, _ = name.rpartition("-v")
+    family = base if dash else name
+    versions = [(spec.version, key) for key, spec in gym.registry.items()
+                if spec.name == family and spec.namespace is None and spec.version is not None]
+    return max(versions)[1] if versions else None
+
+
+def check_env_id(env_id: str) -> None:
+    """Make ``env_id`` once and close it; ``ValueError`` saying why it cannot be used, and for an
+    old version that no longer loads (``HalfCheetah-v3``: mujoco-py), which version to use."""
+    try:
+        gym.make(import_env_module(env_id)).close()
+    except (gym.error.Error, ImportError) as e:
+        newer = newest_version(env_id)
+        hint = (f"; use {newer}, the same task on the maintained MuJoCo bindings (rlstream's presets and "
+                f"results are for it)") if newer and newer != import_env_module(env_id) else ""
+        raise ValueError(f"cannot make environment {env_id!r}: {str(e).rstrip('.')}{hint}") from e
+
+
 def wrapper_fns(names: Sequence[str]) -> list[Callable[[gym.Env], gym.Env]]:
     """The wrappers named ``names``; ValueError naming the choices for an unknown one."""
     unknown = [n for n in names if n not in WRAPPERS]
@@ -91,7 +113,8 @@ def make_vector_env(env_id: str, num_envs: int, mode: str = "sync",
             env_id, num_envs=num_envs, vectorization_mode=mode,
             vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, wrappers=fns or None,
         )
-    except gym.error.Error as e:
+    except (gym.error.Error, ImportError) as e:
+        check_env_id(env_id)  # the reason, with the version to use where an old one cannot load
         raise ValueError(f"cannot make environment {env_id!r}: {e}") from e
 
 

@@ -21,7 +21,7 @@ Co-located mode needs neither: one driver steps actor, processors and learner in
   ``actor.fragment_size.FragmentSizeController``, or anything with ``size`` and
   ``update(backlog)``), the fragment length follows the backlog too: longer fragments when
   records queue up (less per-record overhead), shorter ones when the processors keep up
-  (fresher data). ``on_size`` reports every size (``Metrics.set_batch_size``).
+  (fresher data). ``on_size`` reports every size (``Metrics.set_fragment_length``).
 
 * ``LearnerGate`` wraps either and watches end-to-end progress: the learner publishes a new
   policy version per update, so env steps an actor published since the version it follows last

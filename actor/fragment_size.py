@@ -1,6 +1,6 @@
 """Dynamic fragment length of an off-policy decoupled actor, 32..256 steps per env, driven by
-the stream processors' backlog (``actor.flow.Backpressure``; reported as ``rlstream_batch_size``).
-Pure: no I/O, no clock. (It sizes what an actor sends per SampleBatch, not the learner's batch.)
+the stream processors' backlog (``actor.flow.Backpressure``; reported as ``rlstream_fragment_length``).
+Pure: no I/O, no clock. (It sizes what an actor sends per SampleBatch; the learner's minibatch is ``learner.minibatch``.)
 
 Why it moves:
 
@@ -36,7 +36,7 @@ Usage in the actor's flow control::
     ctl = FragmentSizeController()
     while running:
         size = ctl.update(backlog=processor_backlog_batches, step_time_s=last_step_s)
-        metrics.set_batch_size(size)
+        metrics.set_fragment_length(size)
         fragment = collect(size)
         ...
 """

@@ -252,7 +252,7 @@ class AGRO(BaseAlgorithm):
         sums: dict[str, float] = {}
         count = 0
         for _ in range(cfg.update_epochs):
-            for mb in minibatch_indices(n, cfg.num_minibatches, self.generator, self.device):
+            for mb in minibatch_indices(n, self.minibatches(n, cfg.num_minibatches), self.generator, self.device):
                 logp, entropy, value = self.policy.evaluate(b_obs[mb], b_act[mb])
                 with torch.no_grad():
                     ref_logp = self.ref_policy.log_prob(b_obs[mb], b_act[mb])
@@ -291,6 +291,7 @@ class AGRO(BaseAlgorithm):
                 "weight_mean": float(masked_mean(raw_weights, mask)) if raw_weights is not None else 1.0,
                 "learning_rate": self.learning_rate,
                 "num_samples": float(n),
+                "minibatch_size": float(max(1, n // self.minibatches(n, cfg.num_minibatches))),
                 "step": float(self.step),
             }
         )

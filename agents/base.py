@@ -144,6 +144,15 @@ class BaseAlgorithm:
 
     name: str = "base"
     is_on_policy: bool = True
+    minibatch_size: Optional[int] = None
+    """Transitions per minibatch set from outside (the learner's dynamic batch size,
+    ``learner.minibatch``); None: the config's ``num_minibatches`` split of each batch."""
+
+    def minibatches(self, n: int, num_minibatches: int) -> int:
+        """Minibatches per pass over ``n`` samples: ``num_minibatches``, or ``n // minibatch_size``."""
+        if self.minibatch_size is None:
+            return num_minibatches
+        return max(1, n // max(1, int(self.minibatch_size)))
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -95,7 +95,9 @@ def _subscriber_thread(bus, blob, module: Policy, stage: str, out: mp.Queue, sto
 
 
 def _worker(proc: int, threads: int, params: int, bootstrap: str, namespace: str, redis_url: str | None,
-            cache_dir: str | None, out: mp.Queue, stop) -> None:
+            cache_dir: str | None, out: mp.Queue, stop, enter=None) -> None:
+    if enter is not None:  # first, before any socket or thread: onto a simulated host (bench/weightsync_hosts.py)
+        enter()
     torch.set_num_threads(1)
     bus = build_bus(BusConfig(kind="kafka", bootstrap=bootstrap, namespace=namespace))
     blob = open_blob_store(redis_url, cache_dir)
@@ -154,7 +156,10 @@ def _one_adoption(pv, blob, params: int) -> dict:
             "load_by_reference_ms": ms(t3, t4), "load_by_copy_ms": ms(t4, t5)}
 
 
-def run_size(params: int, args, redis_url: str | None, host_cache: str) -> dict:
+def run_size(params: int, args, redis_url: str | None, host_cache: str, placement=None) -> dict:
+    """One row. ``placement(i) -> (enter, cache_dir)``: where subscriber process ``i`` runs (a
+    callable it calls first, e.g. ``netns.Host.enter``) and its host's blob cache; by default
+    here, all processes sharing one cache."""
     policy = policy_of_size(params)
     n_params = sum(p.numel() for p in policy.parameters())
     namespace = f"weightsync-{uuid.uuid4().hex[:8]}"
@@ -183,8 +188,9 @@ def run_size(params: int, args, redis_url: str | None, host_cache: str) -> dict:
     ctx = mp.get_context("spawn")
     out, stop = ctx.Queue(), ctx.Event()
     per = [args.actors // args.procs + (1 if i < args.actors % args.procs else 0) for i in range(args.procs)]
-    procs = [ctx.Process(target=_worker, args=(i, n, params, args.bootstrap, namespace, redis_url, cache_dir, out, stop),
-                         daemon=True)
+    place = placement or (lambda i: (None, cache_dir))
+    procs = [ctx.Process(target=_worker, args=(i, n, params, args.bootstrap, namespace, redis_url, place(i)[1], out, stop,
+                                               place(i)[0]), daemon=True)
              for i, n in enumerate(per) if n]
     for p in procs:
         p.start()
@@ -280,10 +286,15 @@ def main() -> None:
     print(json.dumps({
         "bench": "weightsync", "target_p99_ms_max": 100.0, "inline_limit_bytes": DEFAULT_INLINE_LIMIT,
         "claim_check_above_bytes": args.claim_check_above,
-        "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                 "loadavg_1m": round(os.getloadavg()[0], 2)},
+        "host": host_info(),
         "rows": rows,
     }, indent=2))
+
+
+def host_info() -> dict:
+    """The machine a weight-sync bench ran on (its load included: these figures move with it)."""
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "loadavg_1m": round(os.getloadavg()[0], 2)}
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ _EXPORTS = {
     "algo_defaults": "config.algos",
     "BusConfig": "config.bus", "Retention": "config.bus", "parse_retention": "config.bus",
     "PrepareConfig": "config.prepare",
+    "ObjectStoreConfig": "config.storage",
     "TrainConfig": "config.train", "read_config": "config.train", "write_config": "config.train",
     "ENTRY_POINT_FIELDS": "config.train",
 }

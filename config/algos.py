@@ -4,10 +4,11 @@ staleness and importance settings. Pure data, read by ``agents.base`` (``is_on_p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["AlgoDefaults", "ALGO_DEFAULTS", "TRAINABLE", "algo_defaults"]
+__all__ = ["AlgoDefaults", "ALGO_DEFAULTS", "TRAINABLE", "algo_defaults", "EnvPreset", "ENV_PRESETS",
+           "PRESET_CHOICES", "env_family", "env_preset"]
 
 
 @dataclass(frozen=True)
@@ -78,3 +79,88 @@ def algo_defaults(algo: str) -> AlgoDefaults:
         return ALGO_DEFAULTS[algo.lower()]
     except KeyError:
         raise ValueError(f"unknown algorithm {algo!r}; choose from {sorted(ALGO_DEFAULTS)}") from None
+
+
+@dataclass(frozen=True)
+class EnvPreset:
+    """Per-environment settings of one algorithm, over its row: the RL Baselines3 Zoo approach
+    (observation/reward normalisation, learning rate, batch, epochs per task)."""
+
+    source: str
+    """Where the values come from (a published, versioned hyperparameter file)."""
+    train_batch_size: int | None = None
+    """Transitions per learner update (the zoo's ``n_steps * n_envs``)."""
+    algo: dict[str, Any] = field(default_factory=dict)
+    """Algorithm config fields (what ``--set key=value`` overrides)."""
+
+
+#: SB3's PPO on MuJoCo, from DLR-RM/rl-baselines3-zoo hyperparams/ppo.yml (commit 00128b5, the
+#: tuned "-v3" rows; the tasks are the same in v5). Translated: ``n_steps`` -> train_batch_size
+#: (one env); ``batch_size`` -> num_minibatches = n_steps / batch_size; ``n_epochs`` ->
+#: update_epochs; ``clip_range`` -> clip_coef; a constant learning rate -> anneal_lr=False; SB3
+#: leaves the value loss unclipped (clip_vloss=False); ``policy_kwargs`` -> init_log_std, ReLU,
+#: 256x256 (SB3 also turns orthogonal init off: rlstream always uses it). ``normalize: true`` is
+#: rlstream's default (running observation and return normalisation).
+_ZOO = "rl-baselines3-zoo hyperparams/ppo.yml @00128b5"
+_ZOO_NET = {"hidden": (256, 256), "activation": "relu", "init_log_std": -2.0, "anneal_lr": False,
+            "clip_vloss": False}
+
+
+def _zoo(n_steps: int, batch: int, **algo: Any) -> EnvPreset:
+    return EnvPreset(_ZOO, train_batch_size=n_steps, algo={"num_minibatches": n_steps // batch, **algo})
+
+
+#: ``(algo, env family) -> {preset name: EnvPreset}``; the first name is the default, used when
+#: no ``--preset`` is given. "cleanrl" is the algorithm's own row (CleanRL's
+#: ppo_continuous_action.py settings), kept the default for HalfCheetah, where rlstream's learning
+#: evidence (bench/learning_check.py) was measured; the zoo row is there as ``--preset zoo``.
+ENV_PRESETS: dict[tuple[str, str], dict[str, EnvPreset]] = {
+    ("ppo", "HalfCheetah"): {
+        "cleanrl": EnvPreset("CleanRL ppo_continuous_action.py (the ppo row)"),
+        "zoo": _zoo(512, 64, gamma=0.98, learning_rate=2.0633e-05, ent_coef=0.000401762, clip_coef=0.1,
+                    update_epochs=20, gae_lambda=0.92, max_grad_norm=0.8, vf_coef=0.58096, **_ZOO_NET),
+    },
+    ("ppo", "Hopper"): {
+        "zoo": _zoo(512, 32, gamma=0.999, learning_rate=9.80828e-05, ent_coef=0.00229519, clip_coef=0.2,
+                    update_epochs=5, gae_lambda=0.99, max_grad_norm=0.7, vf_coef=0.835671, **_ZOO_NET),
+    },
+    ("ppo", "Walker2d"): {
+        "zoo": _zoo(512, 32, gamma=0.99, learning_rate=5.05041e-05, ent_coef=0.000585045, clip_coef=0.1,
+                    update_epochs=20, gae_lambda=0.95, max_grad_norm=1.0, vf_coef=0.871923, anneal_lr=False,
+                    clip_vloss=False),
+    },
+    ("ppo", "Humanoid"): {
+        "zoo": _zoo(512, 256, gamma=0.95, learning_rate=3.56987e-05, ent_coef=0.00238306, clip_coef=0.3,
+                    update_epochs=5, gae_lambda=0.9, max_grad_norm=2.0, vf_coef=0.431892, **_ZOO_NET),
+    },
+    # The zoo's Ant row is SB3's PPO defaults with normalisation: CleanRL's settings but for 64-sample
+    # minibatches and no value clipping or learning-rate annealing.
+    ("ppo", "Ant"): {
+        "zoo": _zoo(2048, 64, anneal_lr=False, clip_vloss=False),
+    },
+}
+
+#: ``--preset`` values: ``auto`` (the env's default preset, else none), ``none`` (the algorithm's
+#: row only), or a preset name.
+PRESET_CHOICES: tuple[str, ...] = ("auto", "none", "cleanrl", "zoo")
+
+
+def env_family(env_id: str) -> str:
+    """``HalfCheetah`` of ``HalfCheetah-v5`` or ``pkg.mod:HalfCheetah-v5``."""
+    name = env_id.rpartition(":")[2]
+    base, dash, version = name.rpartition("-")
+    return base if dash and version[:1] == "v" and version[1:].isdigit() else name
+
+
+def env_preset(algo: str, env_id: str, preset: str = "auto") -> tuple[str, EnvPreset] | None:
+    """The preset of ``algo`` on ``env_id``: ``(name, EnvPreset)``, or None (``none``, or no row);
+    ``ValueError`` for a name the table does not hold for this pair."""
+    if preset == "none":
+        return None
+    rows = ENV_PRESETS.get((algo.lower(), env_family(env_id)), {})
+    if preset == "auto":
+        return next(iter(rows.items()), None)
+    if preset not in rows:
+        have = ", ".join(["auto", "none", *rows])
+        raise ValueError(f"no preset {preset!r} for {algo} on {env_family(env_id)}; choose from {have}")
+    return preset, rows[preset]

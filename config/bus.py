@@ -5,10 +5,22 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from config.env import ENV_RETENTION, Environment
+from config.env import ENV_LEARNER_GROUP, ENV_RETENTION, Environment
 from config.limits import DEFAULT_BOOTSTRAP
 
 DAY_MS = 24 * 3600 * 1000
+
+#: Consumer group of the learner on rl.samples.prepared unless ``--learner-group`` /
+#: ``RLSTREAM_LEARNER_GROUP`` names another (the deployment guide's ``rl-trainers``).
+DEFAULT_LEARNER_GROUP = "learner"
+_GROUP_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
+
+
+def check_group(name: str) -> str:
+    """``name`` if it is a usable consumer-group name (1-200 of ``A-Z a-z 0-9 . _ -``), else ValueError."""
+    if not _GROUP_RE.fullmatch(name):
+        raise ValueError(f"consumer group {name!r}: use 1-200 of A-Z a-z 0-9 . _ -")
+    return name
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,9 @@ class BusConfig:
     namespace: str = ""
     """Run namespace scoping every topic and consumer group (``streams.topics.Namespace``);
     "": the legacy unscoped names."""
+    learner_group: str = DEFAULT_LEARNER_GROUP
+    """The learner's consumer group on rl.samples.prepared (scoped by ``namespace`` like every
+    group): every role of a run must agree on it (actors read its backlog)."""
     security: dict[str, str] = field(default_factory=dict, compare=False, repr=False,
                                      metadata={"secret": True})
     """librdkafka security settings (``security.protocol``, ``sasl.*``, ``ssl.*``) from
@@ -84,18 +99,25 @@ class BusConfig:
 
     @classmethod
     def from_environment(cls, env: Environment, kind: str | None = None, bootstrap: str | None = None,
-                         log_dir: str | None = None, namespace: str | None = None) -> "BusConfig":
+                         log_dir: str | None = None, namespace: str | None = None,
+                         learner_group: str | None = None) -> "BusConfig":
         """Flags win over the environment (RLSTREAM_BUS, KAFKA_BROKERS, RLSTREAM_NAMESPACE,
-        RLSTREAM_RETENTION, RLSTREAM_KAFKA_*)."""
+        RLSTREAM_RETENTION, RLSTREAM_LEARNER_GROUP, RLSTREAM_KAFKA_*)."""
         try:
             retention = parse_retention(env.retention)
         except ValueError as e:
             raise SystemExit(f"{ENV_RETENTION}: {e}") from None
+        group = learner_group or env.learner_group or DEFAULT_LEARNER_GROUP
+        try:
+            check_group(group)
+        except ValueError as e:
+            raise SystemExit(f"--learner-group / {ENV_LEARNER_GROUP}: {e}") from None
         return cls(
             kind=kind or env.bus or "memory",
             bootstrap=bootstrap or env.kafka_brokers or DEFAULT_BOOTSTRAP,
             log_dir=log_dir,
             retention=retention,
             namespace=((env.namespace or "") if namespace is None else namespace).strip(),
+            learner_group=group,
             security=env.kafka_security(),
         )

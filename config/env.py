@@ -26,8 +26,15 @@ ENV_REDIS_URL = "REDIS_URL"
 ENV_BLOB_CACHE = "RLSTREAM_BLOB_CACHE"
 #: Bus backend: ``memory`` (co-located default) or ``kafka``.
 ENV_BUS = "RLSTREAM_BUS"
-#: Snapshot store URL or path (``file:///data/snapshots``, ``redis://redis:6379/0``).
+#: Snapshot store URL or path (``file:///data/snapshots``, ``redis://redis:6379/0``,
+#: ``s3://bucket/prefix``).
 ENV_SNAPSHOT_STORE = "RLSTREAM_SNAPSHOT_STORE"
+#: An ``s3://`` snapshot store: the S3-compatible endpoint (unset: AWS), region and credentials,
+#: under the AWS SDKs' standard names (``config.storage.ObjectStoreConfig``).
+ENV_AWS_ENDPOINT_URL = "AWS_ENDPOINT_URL"
+ENV_AWS_REGION, ENV_AWS_DEFAULT_REGION = "AWS_REGION", "AWS_DEFAULT_REGION"
+ENV_AWS_ACCESS_KEY_ID, ENV_AWS_SECRET_ACCESS_KEY = "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"
+ENV_AWS_SESSION_TOKEN = "AWS_SESSION_TOKEN"
 #: Run identifier bound into every log line and event.
 ENV_RUN_ID = "RLSTREAM_RUN_ID"
 #: Actor index (its id is ``actor-<index>``), set per pod from the StatefulSet ordinal.
@@ -43,6 +50,8 @@ ENV_POLICY_ID = "RLSTREAM_POLICY_ID"
 #: Run namespace of every role and tool started without ``--namespace``; unset: the legacy
 #: unscoped topic and group names.
 ENV_NAMESPACE = "RLSTREAM_NAMESPACE"
+#: The learner's consumer group on rl.samples.prepared (``--learner-group``; default ``learner``).
+ENV_LEARNER_GROUP = "RLSTREAM_LEARNER_GROUP"
 #: Per-topic retention over the defaults (``config.bus.parse_retention``).
 ENV_RETENTION = "RLSTREAM_RETENTION"
 #: Run directory of a decoupled run, set for the Faust worker, which writes its summary there.
@@ -70,7 +79,8 @@ ENV_JAVA_HOME = "JAVA_HOME"
 ENV_VARS: tuple[str, ...] = (
     ENV_METRICS_PORT, ENV_KAFKA_BROKERS, ENV_REDIS_URL, ENV_BLOB_CACHE, ENV_BUS, ENV_SNAPSHOT_STORE,
     ENV_RUN_ID, ENV_ACTOR_INDEX, ENV_STALENESS_K, ENV_STALENESS_MS, ENV_STALENESS_MODE, ENV_ALGO,
-    ENV_POLICY_ID, ENV_NAMESPACE, ENV_RUN_DIR, ENV_CONFIG,
+    ENV_POLICY_ID, ENV_NAMESPACE, ENV_RUN_DIR, ENV_CONFIG, ENV_LEARNER_GROUP, ENV_AWS_ENDPOINT_URL, ENV_AWS_REGION,
+    ENV_AWS_DEFAULT_REGION, ENV_AWS_ACCESS_KEY_ID, ENV_AWS_SECRET_ACCESS_KEY, ENV_AWS_SESSION_TOKEN,
 )
 
 _KAFKA_TOOL_VARS = (ENV_KAFKA_VERSION, ENV_KAFKA_JAVA_OPTS)
@@ -122,6 +132,10 @@ class Environment:
     def namespace(self) -> str | None:
         """The namespace variable; None when unset (blank is the legacy namespace, "")."""
         return self.values[ENV_NAMESPACE].strip() if ENV_NAMESPACE in self.values else None
+
+    @property
+    def learner_group(self) -> str | None:
+        return self.optional(ENV_LEARNER_GROUP)
 
     @property
     def retention(self) -> str:

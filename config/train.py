@@ -14,11 +14,12 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 
 import tyro
 
-from config.algos import algo_defaults
-from config.bus import BusConfig, Retention
+from config.algos import PRESET_CHOICES, algo_defaults, env_preset
+from config.bus import DEFAULT_LEARNER_GROUP, BusConfig, Retention
 from config.env import Environment
 from config.limits import DEFAULT_CLAIM_CHECK_ABOVE
 from config.prepare import PrepareConfig
+from config.storage import ObjectStoreConfig
 from config.runfile import read_run_config, write_run_config
 
 _T = TypeVar("_T")
@@ -74,11 +75,15 @@ class TrainConfig:
     """colocated (one process, memory bus) or decoupled (processes over Kafka)."""
     algo: str = "ppo"
     """ppo, grpo, dapo, agro, tba."""
-    env_id: Annotated[str, tyro.conf.arg(aliases=("--env",))] = "HalfCheetah-v5"
+    env_id: Annotated[str, tyro.conf.arg(aliases=("--env", "--env-name"))] = "HalfCheetah-v5"
     """Gymnasium env id (``module:EnvId-v0`` imports the module first)."""
     wrappers: EntryPoint[tuple[str, ...]] = ()
     """Per-env gymnasium wrappers by name (``actor.envs.WRAPPERS``)."""
-    total_steps: int = 100_000
+    preset: str = "auto"
+    """Per-environment settings over the algorithm's row (``config.algos.ENV_PRESETS``): auto (the
+    env's default preset, if the table has one), none, or a preset name (cleanrl, zoo). Flags and
+    ``--set`` win over it."""
+    total_steps: Annotated[int, tyro.conf.arg(aliases=("--total-timesteps",))] = 100_000
     """Environment steps to train for (summed over envs and actors)."""
     num_actors: int = 1
     """Actors (co-located: in-process; decoupled: processes)."""
@@ -100,9 +105,16 @@ class TrainConfig:
     run_id: EntryPoint[str] = ""
     """Bound into logs and events; "": a random id, drawn once when the config is made."""
     snapshot_store: str | None = None
-    """Snapshot store URL/path; None: <run_dir>/snapshots."""
+    """Snapshot store: a path, ``redis://...`` or ``s3://bucket/prefix`` (endpoint and credentials
+    from ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``...; ``pip install 'rlstream[s3]'``); None:
+    <run_dir>/snapshots."""
     snapshot_every: int = 10
-    """Updates between snapshots."""
+    """Updates between snapshots (the store keeps the newest 10, ``?keep_last=N`` in its URL)."""
+    snapshot_interval_s: float = 86_400.0
+    """Seconds between time-based snapshots (daily by default), taken at the first update after
+    the interval ran out since the store's newest one; kept by their own retention; 0: off."""
+    snapshot_keep_timed: int = 7
+    """Time-based snapshots kept, apart from the newest 10 (``?keep_timed=N`` in the URL wins)."""
     resume: bool = False
     """Resume from the newest snapshot (and committed offsets)."""
     plot: bool = True
@@ -182,12 +194,41 @@ class TrainConfig:
     max_restarts: int = 3
     """Decoupled: restarts of one role after it dies (backoff 1 s, doubling to 30 s) before the
     run fails naming its log file."""
+    replay: bool = False
+    """Off-policy algorithms (agro, tba): the learner also trains on fragments replayed from a
+    cache of the last ``replay_capacity`` transitions it trained on (``learner.replay``)."""
+    replay_capacity: int = 1000
+    """Transitions the learner node's sample cache holds (whole fragments; a fragment must fit)."""
+    replay_samples_per_insert: float = 2.0
+    """Rate limiter: trainings per transition inserted, its fresh one included (Reverb's SPI)."""
+    replay_max_reuse: int = 2
+    """Times one cached fragment may be replayed."""
+    replay_min_size: int = 0
+    """Transitions cached before any replay; 0: half the capacity."""
+    dynamic_batch: bool = False
+    """The learner's minibatch size follows the accelerator's load, 32..256 transitions
+    (``learner.minibatch``: GPU utilisation, or the learner's duty cycle without a GPU)."""
     bus: EntryPoint[BusConfig] = field(default_factory=BusConfig)
+    object_store: EntryPoint[ObjectStoreConfig] = field(
+        default_factory=ObjectStoreConfig, compare=False, repr=False, metadata={"secret": True})
+    """An ``s3://`` snapshot store's endpoint and credentials, from the environment
+    (``ObjectStoreConfig.from_environment``); never written to a run config file."""
 
     def __post_init__(self) -> None:
         if not self.run_id:
             object.__setattr__(self, "run_id", uuid.uuid4().hex[:12])
         d = algo_defaults(self.algo)
+        if self.preset not in PRESET_CHOICES:
+            raise ValueError(f"--preset must be one of {', '.join(PRESET_CHOICES)}, got {self.preset!r}")
+        found = env_preset(self.algo, self.env_id, self.preset)
+        if found is not None:  # idempotent: re-made configs (replace, from_dict) merge it again
+            row = found[1]
+            object.__setattr__(self, "algo_overrides", {**row.algo, **self.algo_overrides})
+            if self.train_batch_size is None and row.train_batch_size is not None:
+                object.__setattr__(self, "train_batch_size", row.train_batch_size)
+        # JSON (a run config file) turns tuples into lists; keep one form so configs compare equal
+        object.__setattr__(self, "algo_overrides",
+                           {k: tuple(v) if isinstance(v, list) else v for k, v in self.algo_overrides.items()})
         for name in ("num_envs", "train_batch_size", "group_size"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, getattr(d, name))
@@ -195,9 +236,30 @@ class TrainConfig:
             object.__setattr__(self, "fragment_steps", d.fragment_steps)
         if self.breaker_policy_lag_versions is not None and self.breaker_policy_lag_versions < 0:
             raise ValueError(f"--breaker-policy-lag-versions must be >= 0, got {self.breaker_policy_lag_versions}")
+        if self.snapshot_interval_s < 0 or self.snapshot_keep_timed < 0:
+            raise ValueError("--snapshot-interval-s and --snapshot-keep-timed must be >= 0")
         if self.actor_lag_versions < 0:  # (decoupled-only is checked by run_colocated: the CLI
             # builds this config before it sets ``mode``)
             raise ValueError(f"--actor-lag-versions must be >= 0, got {self.actor_lag_versions}")
+        if self.replay and d.on_policy:
+            raise ValueError(f"--replay needs an off-policy algorithm (agro, tba), not {self.algo!r}")
+
+    def replay_settings(self) -> dict[str, Any] | None:
+        """The sample cache's settings (``learner.replay.ReplayConfig`` fields); None: no replay.
+        A fragment larger than the cache could never be replayed: a clear error."""
+        if not self.replay:
+            return None
+        fragment = self.num_envs * (self.fragment_steps or self.effective_fragment_steps())
+        if self.mode == "colocated" and fragment > self.replay_capacity:
+            raise ValueError(f"--replay: a fragment holds {fragment} transitions, more than "
+                             f"--replay-capacity {self.replay_capacity}; lower --fragment-steps or raise the capacity")
+        return {"capacity": self.replay_capacity, "samples_per_insert": self.replay_samples_per_insert,
+                "max_reuse": self.replay_max_reuse, "min_size": self.replay_min_size}
+
+    def preset_name(self) -> str | None:
+        """The name of the preset this config applies (None: the algorithm's row only)."""
+        found = env_preset(self.algo, self.env_id, self.preset)
+        return None if found is None else found[0]
 
     def prepare_config(self) -> PrepareConfig:
         base = self.streams if self.streams is not None else PrepareConfig.for_algo(self.algo)
@@ -255,14 +317,17 @@ class TrainConfig:
         d = json.loads(json.dumps(dataclasses.asdict(self), default=str))
         for name in SECRET_FIELDS:
             d["bus"].pop(name, None)
+        d.pop("object_store")
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
         """The config ``to_dict`` wrote; an unknown or missing field is an error, not a default."""
         d = dict(d)
-        _check_fields(cls, d)
+        _check_fields(cls, d, skip=("object_store",))
         bus = dict(d.pop("bus"))
+        # a file written before the learner's group could be named: its run used the default group
+        bus.setdefault("learner_group", DEFAULT_LEARNER_GROUP)
         _check_fields(BusConfig, bus, skip=SECRET_FIELDS)
         bus["retention"] = {k: Retention(**v) for k, v in bus["retention"].items()}
         streams = d.pop("streams")
@@ -303,7 +368,8 @@ def read_config(path: str | Path, env: Environment | None = None) -> TrainConfig
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise SystemExit(f"config file {path}: {e}") from None
     if env is not None:
-        cfg = replace(cfg, bus=replace(cfg.bus, security=env.kafka_security()))
+        cfg = replace(cfg, bus=replace(cfg.bus, security=env.kafka_security()),
+                      object_store=ObjectStoreConfig.from_environment(env))
     return cfg
 
 

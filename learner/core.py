@@ -9,6 +9,13 @@ consumes, commits, publishes, snapshots and pauses.
         upd = core.update()                       # one update on every fragment buffered
         upd.step(finished_at_ms)                  # its GradientStep; core.policy holds the weights
 
+With a sample cache (``replay=learner.replay.ReplayCache``, off-policy algorithms only) each
+update also trains on fragments replayed from it, as many as its samples-per-insert limiter
+allows, restated for the current policy (``learner.replay.replayed_batch``); the GradientStep
+lists the fresh fragments only, and ``replay_samples`` among its losses (``rlstream verify``
+cannot rebuild such a step from the log). The cache is not snapshotted (a resumed learner starts
+with it empty) and an adopted foreign version (a rollback) empties it.
+
 Versions: ``version`` is the newest version allocated (published by the shell), and
 ``model_version`` the one whose weights the algorithm holds. Duplicate batch ids are told by the
 one dedup store (``streams.processors.reorder.SeenIds``) of the ids trained, and the ids buffered.
@@ -19,9 +26,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import torch
+
 from agents.core import Algorithm
+from agents.vtrace import VTraceConfig, behaviour_weights, importance_weights
 from learner.batching import StreamIds, to_trajectory_batch
 from learner.ranks import Ranks, SingleRank
+from learner.replay import ReplayCache, replayed_batch
 from schemas.events import GradientStep, PreparedBatch, now_ms
 from streams.policies import DEFAULT_CLAIM_CHECK_ABOVE
 from streams.processors.reorder import SeenIds
@@ -44,6 +56,9 @@ class LearnerConfig:
     """Transitions per update; fragments are accumulated until at least this many arrived."""
     snapshot_every: int = 10
     """Snapshot the full learner state every this many updates (0: never)."""
+    snapshot_interval_s: float = 86_400.0
+    """Also snapshot once this many seconds passed since the store's newest time-based snapshot
+    (daily by default; kept by the store's ``keep_timed``); 0: never."""
     group: str = "learner"
     """Consumer group on rl.samples.prepared."""
     max_updates: int | None = None
@@ -98,6 +113,7 @@ class Update:
 
     metrics: dict[str, float]
     fragments: list[Fragment]
+    """The fresh fragments trained (replayed ones are in ``replayed``)."""
     batch_ids: list[str]
     """Of the whole group (rank 0 gathers every rank's)."""
     digests: list[str]
@@ -108,6 +124,8 @@ class Update:
     started_at_ms: int
     learner_id: str
     algo: str
+    replayed: list[Fragment] = field(default_factory=list)
+    """Fragments replayed from the sample cache in this update (as trained: restated)."""
 
     def step(self, finished_at_ms: int | None = None) -> GradientStep:
         """The GradientStep event of this update."""
@@ -129,10 +147,14 @@ class LearnerCore:
         algo: the algorithm (pure torch).
         ranks: ``learner.ranks.Ranks``; None: a learner alone (``SingleRank``).
         stream_ids: numbering of the actors' streams (a fork passes the parent's, replayed).
+        replay: the learner node's sample cache (``learner.replay``); None: no replay.
     """
 
     def __init__(self, config: LearnerConfig, algo: Algorithm, ranks: Ranks | None = None,
-                 stream_ids: StreamIds | None = None) -> None:
+                 stream_ids: StreamIds | None = None, replay: ReplayCache | None = None) -> None:
+        if replay is not None and getattr(algo, "is_on_policy", True):
+            raise ValueError(f"sample replay needs an off-policy algorithm (agro, tba), not {config.algo!r}")
+        self.replay = replay
         self.config = config
         self.algo = algo
         self.ranks: Ranks = ranks if ranks is not None else SingleRank(algo)
@@ -199,8 +221,17 @@ class LearnerCore:
         n_samples = self.buffered
         fragments = self.take()
         batches = [f.batch for f in fragments]
-        batch = to_trajectory_batch(batches, self.stream_ids) if batches else None  # None: a rank with no share
-        metrics = self.ranks.update(batch, n_samples)
+        replayed: list[Fragment] = []
+        if self.replay is not None and batches:
+            self.replay.insert_count(n_samples)
+            replayed = self.replay.draw(self.restate)
+        n_replayed = sum(f.batch.sample.size for f in replayed)
+        train = batches + [f.batch for f in replayed]
+        batch = to_trajectory_batch(train, self.stream_ids) if train else None  # None: a rank with no share
+        metrics = self.ranks.update(batch, n_samples + n_replayed)
+        if self.replay is not None:
+            self.replay.add(fragments)
+            metrics = {**metrics, **self.replay.metrics()}
         shares = self.ranks.gather(([b.sample.batch_id for b in batches], [f.digest for f in fragments], n_samples))
         ids, digests = [i for s in shares for i in s[0]], [d for s in shares for d in s[1]]
         total = sum(s[2] for s in shares)
@@ -211,7 +242,27 @@ class LearnerCore:
             self.seen.seen_or_add(b.sample.batch_id, 0)
         from_version = self.model_version
         return Update(metrics, fragments, ids, digests, total, self.stats.updates, from_version,
-                      self.next_version(), started, self.config.learner_id, self.config.algo)
+                      self.next_version(), started, self.config.learner_id, self.config.algo, replayed)
+
+    @torch.no_grad()
+    def restate(self, f: Fragment) -> Fragment:
+        """Cached fragment ``f`` as this update trains on it: restated for the policy the model
+        holds now (``learner.replay.replayed_batch``), with the algorithm's IS cap rule."""
+        s, policy = f.batch.sample, self.algo.policy
+        dev = next(policy.parameters()).device
+        logp = policy.log_prob(torch.tensor(s.obs, device=dev), torch.tensor(s.actions, device=dev))  # (copies: read-only records)
+        cfg = self.algo.config
+
+        def weights(log_ratio: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            lr = torch.as_tensor(log_ratio)
+            if isinstance(cfg, VTraceConfig):
+                rho, c, _ = behaviour_weights(cfg, lr)
+            else:
+                rho, c, _, _ = importance_weights(lr)
+            return rho.numpy(), c.numpy()
+
+        pb = replayed_batch(f.batch, self.model_version, logp.cpu().numpy(), weights)
+        return Fragment(pb, f.digest, None)
 
     def next_version(self) -> int:
         """Allocate the next version number; the algorithm's weights are that version."""
@@ -239,6 +290,8 @@ class LearnerCore:
             self.algo.policy.load_state_dict(weights)
         self.version = self.model_version = version
         self.stats.adopted_versions += 1
+        if self.replay is not None:  # trained under the abandoned line: not replayed on the new one
+            self.replay.clear()
         return self.take()
 
     def snapshot_share(self, offsets: dict) -> tuple[dict, list[str]] | None:

@@ -8,6 +8,10 @@ circuit breaker.
     while not stop.is_set():
         learner.step(timeout=0.1)   # poll; once train_batch_size transitions are in, one update on all of them
 
+Snapshots follow ``learner.snapshots.SnapshotSchedule``: every ``snapshot_every`` updates, and
+a time-based one (daily by default, ``snapshot_interval_s``, on the injected ``clock``) that the
+store keeps by its own retention (``keep_timed``).
+
 Versions are immutable and monotonic: a resumed or rolled-back learner publishes a NEW version
 (number = newest published + 1) whose parent is the snapshot it restored.
 
@@ -32,6 +36,11 @@ learner can never wait for data it will not read.
 
 Data-parallel ranks (``learner.distributed.DataParallel``) and a learner alone
 (``learner.ranks.SingleRank``) are one interface (``learner.ranks.Ranks``), passed as ``parallel``.
+
+Two optional parts (both off by default): ``replay``, the node's sample cache
+(``learner.replay``, off-policy algorithms), and ``batch_control``, the dynamic minibatch size
+(``learner.minibatch.MinibatchController``), fed after each update with the update's seconds,
+the seconds since the previous update ended, and ``gpu_util()`` (percent; None: no GPU).
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ from learner.core import (  # noqa: F401  (the learner's public names)
     LearnerStats,
 )
 from learner.provenance import record_digest, stamp
+from learner.snapshots import SnapshotSchedule, newest_timed_ms
 from learner.ranks import Ranks
 from schemas.errors import CodecError
 from schemas.events import PreparedBatch, now_ms
@@ -76,8 +86,16 @@ class Learner:
                  breaker: Any = None, lag_signal: Callable[[], float] | None = None,
                  on_update: Callable[["Learner", dict[str, float], float], None] | None = None,
                  blob_store: BlobStore | None = None, stream_ids: StreamIds | None = None,
-                 parallel: Ranks | None = None, policy_breaker: Any = None, hold_cap: int | None = None) -> None:
-        self.core = LearnerCore(config, algo, parallel, stream_ids)
+                 parallel: Ranks | None = None, policy_breaker: Any = None, hold_cap: int | None = None,
+                 clock: Callable[[], float] = time.time,
+                 replay: Any = None, batch_control: Any = None,
+                 gpu_util: Callable[[], float | None] | None = None) -> None:
+        self.core = LearnerCore(config, algo, parallel, stream_ids, replay=replay)
+        self.batch_control = batch_control
+        self.gpu_util = gpu_util
+        self._last_update_end: float | None = None
+        if batch_control is not None:
+            algo.minibatch_size = batch_control.size
         self.config = config
         self.algo = algo
         self.ranks = self.core.ranks
@@ -90,8 +108,12 @@ class Learner:
         self.on_update = on_update
         self.blob_store = blob_store
         self._offsets: dict[tuple[str, int], int] = {}  # committed last (and snapshotted)
+        self._snapshot_due = False  # an update due for a snapshot has not been snapshotted yet
+        self._snapshot_timed = False  # ... and it is a time-based one
         self.consumer = None
         self._versions = None
+        self.clock = clock  # wall seconds: the time-based snapshot schedule's
+        self.schedule: SnapshotSchedule | None = None
 
     stats = property(lambda self: self.core.stats)
     version = property(lambda self: self.core.version, lambda self, v: setattr(self.core, "version", v))
@@ -121,6 +143,10 @@ class Learner:
         self.ranks.settle(self.consumer, SAMPLES_PREPARED,
                           lambda: len(self.events.bus.end_offsets(SAMPLES_PREPARED)), restored)
         self.version = published
+        if self.snapshots is not None:
+            newest = newest_timed_ms(self.snapshots) if self.config.snapshot_interval_s else None
+            self.schedule = SnapshotSchedule(self.config.snapshot_every, self.config.snapshot_interval_s, self.clock,
+                                             None if newest is None else newest / 1000)
         if publish:
             self._publish(parent=self.model_version if self.model_version >= 0 else None)
         # from the newest version of this policy (its own, just published): every later one,
@@ -185,6 +211,8 @@ class Learner:
         return True
 
     def step(self, timeout: float = 0.1) -> dict[str, float] | None:
+        if self._snapshot_due:
+            self.snapshot()
         if self._versions is not None and self.ranks.follows_foreign_versions:
             self._follow_foreign_versions()
         paused = self._paused(timeout)
@@ -251,10 +279,12 @@ class Learner:
         return self.core.buffered
 
     def _train(self) -> dict[str, float]:
-        """One update of the core on every buffered fragment, then publish, commit and snapshot."""
+        """One update of the core on every buffered fragment, then publish and commit; a snapshot
+        it is due for is taken at the next step."""
         started = now_ms()
         t0 = time.perf_counter()
         upd = self.core.update(started)
+        self._control_batch(t0, time.perf_counter() - t0)
         for f in upd.fragments:
             self._release(f)
         self._offsets = self.consumer.ledger.offsets()
@@ -263,12 +293,29 @@ class Learner:
             self.events.publish(LEARNER_STEPS, upd.step(now_ms()), key=self.config.learner_id)
             self.events.flush()
         self.consumer.commit(offsets=self._offsets)
-        if self.snapshots is not None and self.config.snapshot_every and \
-                self.stats.updates % self.config.snapshot_every == 0:
-            self.snapshot()
+        if self.schedule is not None:
+            by_count, by_time = self.schedule.due(self.stats.updates)
+            if self.config.snapshot_interval_s:  # rank 0's clock decides: snapshot() is a collective
+                by_time = bool(self.ranks.broadcast(by_time))
+            if by_count or by_time:
+                # taken at the start of the next step (or by the caller's final snapshot): the state
+                # and offsets do not change before then, and the new version's readers (a co-located
+                # actor steps next) do not wait for the write (bench/latency_breakdown.py)
+                self._snapshot_due = True
+                self._snapshot_timed = by_time
         if self.on_update is not None:
             self.on_update(self, upd.metrics, time.perf_counter() - t0)
         return upd.metrics
+
+    def _control_batch(self, start: float, update_s: float) -> None:
+        """The next update's minibatch size from this one's load (``batch_control``): its
+        seconds over the seconds since the previous update ended (the cycle that holds it)."""
+        end = start + update_s
+        last, self._last_update_end = self._last_update_end, end
+        if self.batch_control is None or last is None:
+            return
+        util = self.gpu_util() if self.gpu_util is not None else None
+        self.algo.minibatch_size = self.batch_control.update(update_s, end - last, util)
 
     def _publish(self, parent: int | None, metrics: dict[str, float] | None = None) -> int:
         """Allocate the next version and publish the weights as it (ranks > 0 only count it)."""
@@ -288,9 +335,16 @@ class Learner:
         pv = stamp(pv, self.algo, self.config.run_id, self.config.fork_of, self.config.train_batch_size)
         publish_policy_version(self.events, pv)
 
-    def snapshot(self) -> None:
-        """Save the state; with ranks, a collective: rank 0 saves every rank's offsets and ids."""
+    def snapshot(self, timed: bool | None = None) -> None:
+        """Save the state; with ranks, a collective: rank 0 saves every rank's offsets and ids.
+        ``timed``: a time-based snapshot (kept by the store's ``keep_timed``); None: whatever
+        the schedule made due (an update-based one if nothing was)."""
+        if timed is None:
+            timed = self._snapshot_due and self._snapshot_timed
+        self._snapshot_due = self._snapshot_timed = False
         share = self.core.snapshot_share(self._offsets)
+        if self.schedule is not None:
+            self.schedule.taken(timed)
         if share is None:
             return
         offsets, seen = share
@@ -305,14 +359,27 @@ class Learner:
             "trained_batch_ids": seen,
             "created_at_ms": now_ms(),
         }
-        self.snapshots.save(self.model_version, self.algo.policy.state_dict(), meta, state=self.algo.state_dict())
+        self.snapshots.save(self.model_version, self.algo.policy.state_dict(), meta, state=self.algo.state_dict(),
+                            timed=timed)
 
     def summary(self) -> dict[str, Any]:
         """What this learner did (the role protocol's summary)."""
         return {"role": "learner", "updates": self.stats.updates, "final_version": self.version,
                 "policy_id": self.config.policy_id, "samples_trained": self.stats.samples_trained,
                 "duplicates_skipped": self.stats.duplicates_skipped, "last_metrics": self.stats.last_metrics,
-                "policy_lag": self.stats.policy_lag, "policy_lag_breaker": self._policy_breaker_summary()}
+                "policy_lag": self.stats.policy_lag, "policy_lag_breaker": self._policy_breaker_summary(),
+                "replay": self._replay_summary(),
+                "minibatch_size": getattr(self.algo, "minibatch_size", None),
+                "minibatch_changes": self.batch_control.changes if self.batch_control is not None else None}
+
+    def _replay_summary(self) -> dict[str, Any] | None:
+        r = self.core.replay
+        if r is None:
+            return None
+        c = r.config
+        return {"capacity": c.capacity, "samples_per_insert": c.samples_per_insert, "max_reuse": c.max_reuse,
+                "inserted": r.limiter.inserted, "replayed": r.limiter.replayed, **r.metrics(),
+                "evicted": r.stats.evicted, "exhausted": r.stats.exhausted, "oversize": r.stats.oversize}
 
     def _policy_breaker_summary(self) -> dict[str, Any] | None:
         b = self.policy_breaker
@@ -322,6 +389,8 @@ class Learner:
                 "holds": self.stats.policy_lag_holds, "overrides": self.stats.policy_lag_overrides}
 
     def close(self) -> None:
+        if self._snapshot_due and self.ranks.world == 1:  # (ranks: a collective; each caller's
+            self.snapshot()                                 # final snapshot covers it)
         if self.consumer is not None:
             self.consumer.close()
         if self._versions is not None:

@@ -2,7 +2,7 @@
 
 A snapshot is one policy version::
 
-    store = open_store("file:///data/snapshots")      # or "redis://redis:6379/0"
+    store = open_store("file:///data/snapshots")      # or "redis://redis:6379/0", "s3://bucket/prefix"
     ref = store.save(7, model.state_dict(), {"algo": "ppo", "step": 700},
                      state={"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 700})
     weights, meta = store.load(7)                      # sha256-verified
@@ -28,10 +28,16 @@ Format (identical on every backend):
   record itself. Every read verifies the checksums; a mismatch, a truncated
   blob or an unparsable record raises ``SnapshotCorruptError``.
 
-Retention: after each ``save`` the store keeps the newest ``keep_last`` versions
-plus every pinned version (``pin``), and deletes the rest. Pins are stored with
-the snapshots, so they survive restarts and are shared by every process using
-the store. ``delete`` refuses a pinned version.
+Retention: after each ``save`` the store keeps the newest ``keep_last`` versions,
+the newest ``keep_timed`` of the versions saved as time-based (``save(..., timed=True)``:
+the learner's daily snapshots, ``SnapshotSchedule``), and every pinned version
+(``pin``), and deletes the rest. Pins and time-based marks are stored with the
+snapshots, so they survive restarts and are shared by every process using the
+store. ``delete`` refuses a pinned version.
+
+Backends: a local directory, Redis, and S3-compatible object storage
+(``ObjectSnapshotStore``, fsspec with s3fs; endpoint and credentials in a
+``config.storage.ObjectStoreConfig``).
 
 One writer (the learner) per store; any number of readers.
 
@@ -48,7 +54,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -57,9 +63,12 @@ from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 import safetensors.torch
 import torch
 
+from config.storage import ObjectStoreConfig
+
 __all__ = [
     "FORMAT_VERSION",
     "LocalDirSnapshotStore",
+    "ObjectSnapshotStore",
     "RedisSnapshotStore",
     "Snapshot",
     "SnapshotCorruptError",
@@ -67,8 +76,10 @@ __all__ = [
     "SnapshotNotFoundError",
     "SnapshotPinnedError",
     "SnapshotRef",
+    "SnapshotSchedule",
     "SnapshotStore",
     "flatten_state",
+    "newest_timed_ms",
     "open_store",
     "rollback",
     "unflatten_state",
@@ -99,8 +110,8 @@ class SnapshotRef:
 
     Attributes:
         version: policy version.
-        store_url: URL of the store (``file:///...`` or ``redis://...``).
-        key: file path or Redis key of the weights blob (claim-check reference).
+        store_url: URL of the store (``file:///...``, ``redis://...`` or ``s3://...``).
+        key: file path, Redis key or ``s3://`` object of the weights blob (claim-check reference).
         sha256: hex sha256 of the weights blob.
         nbytes: size of the weights blob.
         created_at_ms: wall-clock save time.
@@ -129,6 +140,7 @@ class SnapshotStore(Protocol):
     """What the learner, ``rlstream serve`` and ``rlstream rollback`` use."""
 
     keep_last: int | None
+    keep_timed: int | None
     url: str
 
     def save(
@@ -137,6 +149,7 @@ class SnapshotStore(Protocol):
         weights: Mapping[str, torch.Tensor],
         meta: Mapping[str, Any] | None = None,
         state: Any | None = None,
+        timed: bool = False,
     ) -> SnapshotRef: ...
     def load(self, version: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]: ...
     def load_state(self, version: int) -> Any | None: ...
@@ -147,6 +160,7 @@ class SnapshotStore(Protocol):
     def pin(self, version: int) -> None: ...
     def unpin(self, version: int) -> None: ...
     def pinned(self) -> set[int]: ...
+    def timed(self) -> set[int]: ...
     def prune(self) -> list[int]: ...
 
 
@@ -332,11 +346,15 @@ class _BaseStore:
 
     url: str
     keep_last: int | None
+    keep_timed: int | None
 
-    def __init__(self, keep_last: int | None) -> None:
+    def __init__(self, keep_last: int | None, keep_timed: int | None = 7) -> None:
         if keep_last is not None and keep_last < 1:
             raise ValueError("keep_last must be >= 1 (or None to keep everything)")
+        if keep_timed is not None and keep_timed < 0:
+            raise ValueError("keep_timed must be >= 0 (or None to keep every time-based snapshot)")
         self.keep_last = keep_last
+        self.keep_timed = keep_timed
 
     # backend primitives ------------------------------------------------
     def _write(self, version: int, enc: _Encoded) -> str:
@@ -360,10 +378,11 @@ class _BaseStore:
         """Stored versions, ascending."""
         raise NotImplementedError
 
-    def pinned(self) -> set[int]:
+    def _marks(self, kind: str) -> set[int]:
+        """The versions marked ``kind`` (``pins``, ``timed``)."""
         raise NotImplementedError
 
-    def _set_pin(self, version: int, pinned: bool) -> None:
+    def _mark(self, kind: str, add: set[int] = frozenset(), remove: set[int] = frozenset()) -> None:
         raise NotImplementedError
 
     # public API ---------------------------------------------------------
@@ -373,13 +392,17 @@ class _BaseStore:
         weights: Mapping[str, torch.Tensor],
         meta: Mapping[str, Any] | None = None,
         state: Any | None = None,
+        timed: bool = False,
     ) -> SnapshotRef:
         """Store ``weights`` (+ ``meta``, + optional learner ``state``) as ``version``, then prune.
 
-        Saving an existing version replaces it.
+        ``timed``: a time-based snapshot, kept by ``keep_timed`` besides ``keep_last``. Saving an
+        existing version replaces it (a time-based mark it had stays).
         """
         enc = _encode(version, weights, meta, state)
         key = self._write(version, enc)
+        if timed:
+            self._mark("timed", add={version})
         self.prune()
         return self._make_ref(version, key, enc.record)
 
@@ -422,25 +445,38 @@ class _BaseStore:
         if version not in self.versions():
             raise SnapshotNotFoundError(version)
         self._remove(version)
+        if version in self._marks("timed"):
+            self._mark("timed", remove={version})
 
     def pin(self, version: int) -> None:
         """Keep ``version`` regardless of ``keep_last``."""
         if version not in self.versions():
             raise SnapshotNotFoundError(version)
-        self._set_pin(version, True)
+        self._mark("pins", add={version})
 
     def unpin(self, version: int) -> None:
-        self._set_pin(version, False)
+        self._mark("pins", remove={version})
+
+    def pinned(self) -> set[int]:
+        return self._marks("pins")
+
+    def timed(self) -> set[int]:
+        """Stored versions saved as time-based snapshots."""
+        return self._marks("timed") & set(self.versions())
 
     def prune(self) -> list[int]:
         """Apply retention now; returns the deleted versions (oldest first)."""
         if self.keep_last is None:
             return []
         vs = self.versions()
-        keep = set(vs[-self.keep_last :]) | self.pinned()
+        timed = sorted(self._marks("timed") & set(vs))
+        keep_timed = timed if self.keep_timed is None else timed[len(timed) - self.keep_timed :]
+        keep = set(vs[-self.keep_last :]) | set(keep_timed) | self.pinned()
         doomed = [v for v in vs if v not in keep]
         for v in doomed:
             self._remove(v)
+        if doomed and set(doomed) & set(timed):
+            self._mark("timed", remove=set(doomed) & set(timed))
         return doomed
 
     # helpers -------------------------------------------------------------
@@ -462,7 +498,7 @@ class _BaseStore:
         )
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.url!r}, keep_last={self.keep_last})"
+        return f"{type(self).__name__}({self.url!r}, keep_last={self.keep_last}, keep_timed={self.keep_timed})"
 
 
 # ---------------------------------------------------------------------------
@@ -477,14 +513,16 @@ class LocalDirSnapshotStore(_BaseStore):
 
     Per version: ``v{version:08d}.safetensors`` (weights), ``v{version:08d}.state.safetensors``
     (optional learner state) and ``v{version:08d}.json`` (the record, written
-    last: its presence commits the version). Pins in ``pins.json``. Every file is
+    last: its presence commits the version). Pins in ``pins.json``, time-based marks in
+    ``timed.json``. Every file is
     written to a temporary name in the same directory, fsynced, then
     ``os.replace``-d into place, so a crash never leaves a half-written file
     under a real name.
     """
 
-    def __init__(self, path: str | os.PathLike[str], keep_last: int | None = 10, fsync: bool = True) -> None:
-        super().__init__(keep_last)
+    def __init__(self, path: str | os.PathLike[str], keep_last: int | None = 10, fsync: bool = True,
+                 keep_timed: int | None = 7) -> None:
+        super().__init__(keep_last, keep_timed)
         self.path = Path(path).expanduser().resolve()
         self.path.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
@@ -560,22 +598,21 @@ class LocalDirSnapshotStore(_BaseStore):
                 out.append(int(m.group(1)))
         return sorted(out)
 
-    def pinned(self) -> set[int]:
-        raw = self._read(self.path / "pins.json")
-        if raw is None:
-            return set()
-        try:
-            return {int(v) for v in json.loads(raw)}
-        except (ValueError, TypeError) as exc:
-            raise SnapshotCorruptError(f"pins.json unreadable ({exc})") from exc
+    def _marks(self, kind: str) -> set[int]:
+        return _parse_marks(self._read(self.path / f"{kind}.json"), kind)
 
-    def _set_pin(self, version: int, pinned: bool) -> None:
-        pins = self.pinned()
-        if pinned:
-            pins.add(version)
-        else:
-            pins.discard(version)
-        self._atomic_write(self.path / "pins.json", json.dumps(sorted(pins)).encode())
+    def _mark(self, kind: str, add: set[int] = frozenset(), remove: set[int] = frozenset()) -> None:
+        marks = (self._marks(kind) | set(add)) - set(remove)
+        self._atomic_write(self.path / f"{kind}.json", json.dumps(sorted(marks)).encode())
+
+
+def _parse_marks(raw: bytes | None, kind: str) -> set[int]:
+    if raw is None:
+        return set()
+    try:
+        return {int(v) for v in json.loads(raw)}
+    except (ValueError, TypeError) as exc:
+        raise SnapshotCorruptError(f"{kind}.json unreadable ({exc})") from exc
 
 
 # ---------------------------------------------------------------------------
@@ -593,7 +630,7 @@ class RedisSnapshotStore(_BaseStore):
     * ``P:meta:V``: hash with ``record`` (the JSON record), plus ``sha256`` and
       ``created_at_ms`` for people and other tools reading Redis directly;
     * ``P:versions``: sorted set of versions (score = version);
-    * ``P:pins``: set of pinned versions.
+    * ``P:pins``: set of pinned versions; ``P:timed``: set of time-based ones.
 
     Writes and deletes run in one MULTI/EXEC transaction, reads in another, so a
     reader never sees a half-written version. A Redis string holds at most
@@ -606,8 +643,9 @@ class RedisSnapshotStore(_BaseStore):
         prefix: str = "rlstream:snapshots",
         keep_last: int | None = 10,
         client: Any | None = None,
+        keep_timed: int | None = 7,
     ) -> None:
-        super().__init__(keep_last)
+        super().__init__(keep_last, keep_timed)
         import redis  # local import: only this backend needs it
 
         self.prefix = prefix.rstrip(":")
@@ -615,7 +653,6 @@ class RedisSnapshotStore(_BaseStore):
         # Never carry a password into refs, events or logs.
         self.url = _with_query(_redact(url), {"prefix": self.prefix})
         self._versions_key = f"{self.prefix}:versions"
-        self._pins_key = f"{self.prefix}:pins"
 
     def _k(self, kind: str, version: int) -> str:
         return f"{self.prefix}:{kind}:{version}"
@@ -663,14 +700,14 @@ class RedisSnapshotStore(_BaseStore):
     def versions(self) -> list[int]:
         return [int(v) for v in self._r.zrange(self._versions_key, 0, -1)]
 
-    def pinned(self) -> set[int]:
-        return {int(v) for v in self._r.smembers(self._pins_key)}
+    def _marks(self, kind: str) -> set[int]:
+        return {int(v) for v in self._r.smembers(f"{self.prefix}:{kind}")}
 
-    def _set_pin(self, version: int, pinned: bool) -> None:
-        if pinned:
-            self._r.sadd(self._pins_key, str(version))
-        else:
-            self._r.srem(self._pins_key, str(version))
+    def _mark(self, kind: str, add: set[int] = frozenset(), remove: set[int] = frozenset()) -> None:
+        if add:
+            self._r.sadd(f"{self.prefix}:{kind}", *map(str, add))
+        if remove:
+            self._r.srem(f"{self.prefix}:{kind}", *map(str, remove))
 
     def iter_keys(self) -> Iterator[bytes]:
         """Every Redis key under the prefix (tests and cleanup)."""
@@ -681,19 +718,138 @@ class RedisSnapshotStore(_BaseStore):
 
 
 # ---------------------------------------------------------------------------
-# Factory and rollback
+# S3-compatible object storage
 # ---------------------------------------------------------------------------
 
 
-def open_store(url: str | os.PathLike[str], keep_last: int | None = 10) -> SnapshotStore:
+def _s3_options(cfg: ObjectStoreConfig | None) -> dict[str, Any]:
+    """s3fs's keyword arguments for ``cfg`` (None: AWS and the SDK's own credential chain)."""
+    cfg = cfg or ObjectStoreConfig()
+    opts: dict[str, Any] = {"use_listings_cache": False, "config_kwargs": {"connect_timeout": 10}}
+    if cfg.endpoint_url:
+        opts["endpoint_url"] = cfg.endpoint_url
+    if cfg.region:
+        opts["client_kwargs"] = {"region_name": cfg.region}
+    for name, value in (("key", cfg.access_key_id), ("secret", cfg.secret_access_key),
+                        ("token", cfg.session_token)):
+        if value:
+            opts[name] = value
+    return opts
+
+
+class ObjectSnapshotStore(_BaseStore):
+    """Snapshots as objects in S3-compatible storage, through fsspec with s3fs.
+
+    Under ``s3://bucket/prefix/`` the layout of ``LocalDirSnapshotStore``: per version
+    ``v{version:08d}.safetensors``, ``v{version:08d}.state.safetensors`` (optional) and
+    ``v{version:08d}.json``, the record, written last (an object PUT is atomic, so the record's
+    presence commits the version); ``pins.json`` and ``timed.json`` hold the marks. Listings are
+    never cached: another process's new versions show at once. The bucket must exist.
+    """
+
+    def __init__(self, url: str, keep_last: int | None = 10, keep_timed: int | None = 7,
+                 object_store: ObjectStoreConfig | None = None, fs: Any | None = None) -> None:
+        super().__init__(keep_last, keep_timed)
+        parts = urlsplit(url)
+        if parts.scheme != "s3" or not parts.netloc:
+            raise ValueError(f"not an s3://bucket[/prefix] URL: {url!r}")
+        self.bucket = parts.netloc
+        prefix = parts.path.strip("/")
+        self.root = f"{self.bucket}/{prefix}" if prefix else self.bucket
+        self.url = f"s3://{self.root}"
+        self.endpoint_url = object_store.endpoint_url if object_store is not None else None
+        if fs is None:
+            import fsspec  # local import: only this backend needs it (extra ``s3``)
+
+            try:
+                fs = fsspec.filesystem("s3", **_s3_options(object_store))
+            except ImportError as exc:
+                raise SnapshotError(f"{self.url}: the s3 backend needs s3fs (pip install 'rlstream[s3]')") from exc
+        self.fs = fs
+
+    def _obj(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def _file(self, version: int, suffix: str) -> str:
+        return self._obj(f"v{version:08d}{suffix}")
+
+    def _put(self, path: str, data: bytes) -> None:
+        try:
+            self.fs.pipe_file(path, data)
+        except FileNotFoundError as exc:
+            raise SnapshotError(f"{self.url}: cannot write {path}: no bucket {self.bucket!r} ({exc})") from exc
+
+    def _get(self, path: str) -> bytes | None:
+        try:
+            return bytes(self.fs.cat_file(path))
+        except FileNotFoundError:
+            return None
+
+    def _write(self, version: int, enc: _Encoded) -> str:
+        self._put(self._file(version, ".safetensors"), enc.weights)
+        if enc.state is not None:
+            self._put(self._file(version, ".state.safetensors"), enc.state)
+        else:
+            self._rm(self._file(version, ".state.safetensors"))
+        self._put(self._file(version, ".json"), _canonical(enc.record))
+        return self._weights_key(version)
+
+    def _weights_key(self, version: int) -> str:
+        return "s3://" + self._file(version, ".safetensors")
+
+    def _read_record(self, version: int) -> bytes | None:
+        return self._get(self._file(version, ".json"))
+
+    def _read_blobs(self, version: int, state: bool) -> tuple[bytes | None, bytes | None]:
+        if state:
+            return None, self._get(self._file(version, ".state.safetensors"))
+        return self._get(self._file(version, ".safetensors")), None
+
+    def _rm(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(path)
+
+    def _remove(self, version: int) -> None:
+        for suffix in (".json", ".safetensors", ".state.safetensors"):  # record first, as on disk
+            self._rm(self._file(version, suffix))
+
+    def versions(self) -> list[int]:
+        try:
+            names = self.fs.ls(self.root, detail=False, refresh=True)
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            m = _RECORD_RE.match(name.rsplit("/", 1)[-1])
+            if m:
+                out.append(int(m.group(1)))
+        return sorted(out)
+
+    def _marks(self, kind: str) -> set[int]:
+        return _parse_marks(self._get(self._obj(f"{kind}.json")), kind)
+
+    def _mark(self, kind: str, add: set[int] = frozenset(), remove: set[int] = frozenset()) -> None:
+        marks = (self._marks(kind) | set(add)) - set(remove)
+        self._put(self._obj(f"{kind}.json"), json.dumps(sorted(marks)).encode())
+
+
+# ---------------------------------------------------------------------------
+# Factory, schedule and rollback
+# ---------------------------------------------------------------------------
+
+
+def open_store(url: str | os.PathLike[str], keep_last: int | None = 10, *, keep_timed: int | None = 7,
+               object_store: ObjectStoreConfig | None = None) -> SnapshotStore:
     """Open a store from ``$RLSTREAM_SNAPSHOT_STORE``-style URL.
 
     * ``file:///abs/path``, or a plain path: ``LocalDirSnapshotStore``;
     * ``redis://``, ``rediss://``, ``unix://``: ``RedisSnapshotStore``; the query
-      parameter ``prefix`` sets the key prefix (default ``rlstream:snapshots``).
+      parameter ``prefix`` sets the key prefix (default ``rlstream:snapshots``);
+    * ``s3://bucket/prefix``: ``ObjectSnapshotStore`` at the endpoint, with the
+      credentials, of ``object_store`` (None: AWS, the SDK's own credential chain).
 
-    A ``keep_last`` query parameter overrides the argument (``keep_last=0``
-    keeps everything), for example ``redis://redis:6379/0?prefix=run42&keep_last=20``.
+    ``keep_last`` and ``keep_timed`` query parameters override the arguments (``keep_last=0``
+    keeps everything), for example ``redis://redis:6379/0?prefix=run42&keep_last=20&keep_timed=30``.
     """
     text = os.fspath(url)
     parts = urlsplit(text)
@@ -704,15 +860,24 @@ def open_store(url: str | os.PathLike[str], keep_last: int | None = 10) -> Snaps
             path = (parts.netloc + parts.path) if parts.netloc not in ("", "localhost") else parts.path
         else:
             query, path = {}, text
-        return LocalDirSnapshotStore(path, keep_last=_keep_last(query, keep_last))
+        return LocalDirSnapshotStore(path, keep_last=_keep_last(query, keep_last),
+                                     keep_timed=_keep_timed(query, keep_timed))
     if scheme in ("redis", "rediss", "unix"):
         query = parse_qs(parts.query)
         prefix = query.pop("prefix", ["rlstream:snapshots"])[-1]
-        keep = _keep_last(query, keep_last)
+        keep, keep_t = _keep_last(query, keep_last), _keep_timed(query, keep_timed)
         query.pop("keep_last", None)
+        query.pop("keep_timed", None)
         clean = urlunsplit(parts._replace(query=urlencode(query, doseq=True)))
-        return RedisSnapshotStore(clean, prefix=prefix, keep_last=keep)
-    raise ValueError(f"unsupported snapshot store URL {text!r} (use file://, a path, or redis://)")
+        return RedisSnapshotStore(clean, prefix=prefix, keep_last=keep, keep_timed=keep_t)
+    if scheme == "s3":
+        query = parse_qs(parts.query)
+        unknown = set(query) - {"keep_last", "keep_timed"}
+        if unknown:
+            raise ValueError(f"snapshot store URL {text!r}: unknown parameters {sorted(unknown)}")
+        return ObjectSnapshotStore(urlunsplit(parts._replace(query="")), keep_last=_keep_last(query, keep_last),
+                                   keep_timed=_keep_timed(query, keep_timed), object_store=object_store)
+    raise ValueError(f"unsupported snapshot store URL {text!r} (use file://, a path, redis:// or s3://)")
 
 
 def _redact(url: str) -> str:
@@ -738,6 +903,44 @@ def _keep_last(query: dict[str, list[str]], default: int | None) -> int | None:
         return default
     n = int(query["keep_last"][-1])
     return None if n == 0 else n
+
+
+def _keep_timed(query: dict[str, list[str]], default: int | None) -> int | None:
+    return int(query["keep_timed"][-1]) if "keep_timed" in query else default
+
+
+def newest_timed_ms(store: SnapshotStore) -> int | None:
+    """Save time (wall clock, ms) of the store's newest time-based snapshot; None if it has none."""
+    for version in sorted(store.timed(), reverse=True):
+        with contextlib.suppress(SnapshotError):  # an unreadable record: the one before it
+            return store.ref(version).created_at_ms
+    return None
+
+
+class SnapshotSchedule:
+    """When the learner snapshots: every ``every`` updates (0: never), and once ``interval_s``
+    seconds of ``clock`` have passed since the last time-based one (0: never). The first
+    time-based snapshot is due ``interval_s`` after ``last_timed_s`` (the store's newest, so a
+    restart keeps the cadence; None: from now).
+    """
+
+    def __init__(self, every: int, interval_s: float, clock: Callable[[], float] = time.time,
+                 last_timed_s: float | None = None) -> None:
+        if every < 0 or interval_s < 0:
+            raise ValueError("snapshot every and interval must be >= 0")
+        self.every, self.interval_s, self.clock = every, interval_s, clock
+        self.last_timed_s = clock() if last_timed_s is None else last_timed_s
+
+    def due(self, updates: int) -> tuple[bool, bool]:
+        """``(by updates, by time)`` after update number ``updates``."""
+        by_count = bool(self.every) and updates % self.every == 0
+        by_time = bool(self.interval_s) and self.clock() - self.last_timed_s >= self.interval_s
+        return by_count, by_time
+
+    def taken(self, timed: bool) -> None:
+        """A snapshot was saved now (``timed``: as a time-based one)."""
+        if timed:
+            self.last_timed_s = self.clock()
 
 
 def rollback(store: SnapshotStore, to_version: int, *, with_state: bool = False, pin: bool = False) -> Snapshot:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import errno
 import json
 import os
 import re
@@ -251,14 +252,16 @@ def server_properties(
     version: str = KAFKA_VERSION,
     node_id: int = 1,
     extra: Mapping[str, object] | None = None,
+    host: str = HOST,
 ) -> dict[str, str]:
-    """Settings for a single-node combined broker+controller on 127.0.0.1."""
+    """Settings for a single-node combined broker+controller listening on and advertising
+    ``host`` (127.0.0.1 unless told: a simulated host's address in ``tests/support/netns.py``)."""
     props: dict[str, object] = {
         "process.roles": "broker,controller",
         "node.id": node_id,
-        "controller.quorum.voters": f"{node_id}@{HOST}:{controller_port}",
-        "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
+        "controller.quorum.voters": f"{node_id}@{host}:{controller_port}",
+        "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{host}:{port}",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
         "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
@@ -430,8 +433,8 @@ def port_is_free(port: int, host: str = HOST) -> bool:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
-        except OSError:
-            return False
+        except OSError as e:
+            return e.errno == errno.EADDRNOTAVAIL  # not an address of this host: nothing here holds it
     return True
 
 
@@ -676,8 +679,10 @@ class LocalKafka:
         heap: Sequence[str] = JVM_HEAP,
         quiet: bool = False,
         env: Environment | None = None,
+        host: str = HOST,
     ) -> None:
         self.env = env or Environment.read()  # RLSTREAM_KAFKA_VERSION / _JAVA_OPTS, read once
+        self.host = host  # the address it listens on and advertises
         self.port = int(port)
         self.controller_port = int(controller_port) if controller_port else self.port + 1
         self.version = version or default_version(self.env)
@@ -692,7 +697,7 @@ class LocalKafka:
     # -- paths
     @property
     def bootstrap(self) -> str:
-        return f"{HOST}:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def log_dirs(self) -> Path:
@@ -739,7 +744,7 @@ class LocalKafka:
         return self.pid is not None
 
     def is_ready(self, timeout: float = 2.0) -> bool:
-        return probe(HOST, self.port, timeout)["ready"]
+        return probe(self.host, self.port, timeout)["ready"]
 
     def status(self) -> dict:
         pid = self.pid
@@ -768,7 +773,7 @@ class LocalKafka:
     def write_properties(self) -> Path:
         props = server_properties(
             port=self.port, controller_port=self.controller_port, log_dir=self.log_dirs,
-            version=self.version, extra=self.extra_properties)
+            version=self.version, extra=self.extra_properties, host=self.host)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         _atomic_write(self.properties_path, render_properties(props))
         return self.properties_path
@@ -811,14 +816,14 @@ class LocalKafka:
     def _preflight(self) -> None:
         """Refuse ports held by something else (and say whether it is a Kafka)."""
         for port, what in ((self.port, "broker"), (self.controller_port, "controller")):
-            p = probe(HOST, port, timeout=2.0)
+            p = probe(self.host, port, timeout=2.0)
             if p["kafka"]:
                 raise PortBusyError(
                     f"a Kafka broker not managed from {self.data_dir} already answers on "
-                    f"{HOST}:{port}", is_kafka=True)
-            if p["listening"] or not port_is_free(port):
+                    f"{self.host}:{port}", is_kafka=True)
+            if p["listening"] or not port_is_free(port, self.host):
                 raise PortBusyError(
-                    f"{what} port {HOST}:{port} is in use by something that is not Kafka "
+                    f"{what} port {self.host}:{port} is in use by something that is not Kafka "
                     f"({p['error'] or 'bind failed'}); pick another with --port/--controller-port",
                     is_kafka=False)
 
@@ -894,7 +899,7 @@ class LocalKafka:
                 if watch is not None:
                     ready, error = watch.ready(), watch.error
                 else:
-                    last = probe(HOST, self.port, timeout=2.0)
+                    last = probe(self.host, self.port, timeout=2.0)
                     ready, error = last["ready"], last["error"]
                 if ready:
                     return
@@ -978,7 +983,7 @@ class LocalKafka:
     def _wait_port_free(self, timeout: float = 5.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if port_is_free(self.port) and port_is_free(self.controller_port):
+            if port_is_free(self.port, self.host) and port_is_free(self.controller_port, self.host):
                 return
             time.sleep(0.1)
 
@@ -1019,6 +1024,8 @@ def _build_parser() -> argparse.ArgumentParser:
                            help="KRaft controller port (default port+1)")
             p.add_argument("--data-dir", default=None,
                            help="data dir (default <cache>/kafka-<ver>/data-<port>)")
+            p.add_argument("--host", default=HOST,
+                           help=f"address to listen on and advertise (default {HOST})")
 
     p = sub.add_parser("fetch", help="download the Kafka jars with mvn (idempotent)")
     common(p, with_port=False)
@@ -1048,7 +1055,7 @@ def main(argv: list[str] | None = None) -> int:
                               "bytes": info["bytes"]}))
             return 0
         kafka = LocalKafka(port=args.port, version=version, data_dir=args.data_dir,
-                           controller_port=args.controller_port)
+                           controller_port=args.controller_port, host=args.host)
         if args.command == "status":
             print(json.dumps(kafka.status()))
             return 0

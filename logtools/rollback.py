@@ -28,6 +28,7 @@ from agents.networks import Policy
 from learner.snapshots import SnapshotError, open_store
 from learner.snapshots import rollback as snapshot_rollback
 from config import BusConfig
+from config.storage import ObjectStoreConfig
 from logtools.subscribe import open_events
 from schemas.errors import CodecError
 from schemas.weights import decode_weights, sha256
@@ -89,20 +90,24 @@ def _build(weights: dict, candidates: list[tuple[str, dict]]) -> tuple[Policy, s
 
 def rollback(bus_config: BusConfig | Bus | EventBus, store_url: str, to_version: int, algo: str = "ppo",
              env_id: str | None = None, *, policy_id: str = "policy", learner_id: str = "rollback",
-             blob_store: BlobStore | None = None) -> dict[str, Any]:
+             blob_store: BlobStore | None = None, object_store: ObjectStoreConfig | None = None) -> dict[str, Any]:
     """Publish snapshot ``to_version`` of ``store_url`` as a new version of ``policy_id``.
 
     Returns ``{new_version, from_snapshot, parent_version, previous_version, policy_id,
     weights_sha256, arch_source, seconds}``; raises RollbackError when the store or the
     snapshot does not exist (saying which versions do). ``env_id``, when given, is checked
-    against the ``env_id`` the snapshot recorded, if it recorded one.
+    against the ``env_id`` the snapshot recorded, if it recorded one. ``object_store``: the
+    endpoint and credentials of an ``s3://`` store.
     """
     t0 = time.perf_counter()
     path = _local_path(str(store_url))
     if path is not None and not os.path.isdir(path):
         raise RollbackError(f"snapshot store {store_url} does not exist")
-    store = open_store(str(store_url), keep_last=None)  # never prune from here
-    available = store.versions()
+    try:
+        store = open_store(str(store_url), keep_last=None, object_store=object_store)  # never prune from here
+        available = store.versions()
+    except (SnapshotError, ValueError, OSError) as e:
+        raise RollbackError(f"snapshot store {store_url} cannot be read: {e}") from e
     if to_version not in available:
         listing = ", ".join(map(str, available)) if available else "none"
         raise RollbackError(f"no snapshot of version {to_version} in {store.url}; snapshots there: {listing}")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from config.env import Environment
+from config.storage import ObjectStoreConfig
 from runtime.ports import DEFAULT_PORTS, KNOWN_COMMANDS, metrics_port
 
 
@@ -83,6 +84,9 @@ def _add_training(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partitions", type=int, default=None,
                    help="partitions of the sample topics when they are created (keyed by actor id); "
                         "existing topics with fewer are an error (docs/scaling.md); default 1")
+    p.add_argument("--learner-group", default=None, metavar="NAME",
+                   help="the learner's consumer group on rl.samples.prepared (scoped by the namespace); "
+                        "every role of a run must agree (env RLSTREAM_LEARNER_GROUP; default: learner)")
 
 
 def parse_training(a: argparse.Namespace, argv: list[str]) -> None:
@@ -218,7 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--algo", default=None, help="default: the one the snapshot records")
     p.add_argument("--env", dest="env_id", default=None, help="check the snapshot is of this env")
     p.add_argument("--run-dir", type=Path, default=Path("runs/latest"))
-    p.add_argument("--snapshot-store", default=None)
+    p.add_argument("--snapshot-store", default=None,
+                   help="file path, redis:// or s3://bucket/prefix (env RLSTREAM_SNAPSHOT_STORE; "
+                        "s3: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID...); default: RUN_DIR/snapshots")
 
     p = sub.add_parser("eval", help="mean and std return of a recorded policy version")
     p.add_argument("run", type=Path, nargs="?", default=Path("runs/latest"), help="run directory (default: runs/latest)")
@@ -293,7 +299,7 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
     run_dir = resolve_run_dir(a.run_dir, run_id, base.resume) if mode == "colocated" else (
         a.run_dir or Path("runs") / "decoupled")
     bus = BusConfig.from_environment(env, kind=a.bus or None, bootstrap=a.bootstrap, log_dir=a.log_dir,
-                                     namespace=a.namespace)
+                                     namespace=a.namespace, learner_group=a.learner_group)
     if a.partitions is not None:
         bus = replace(bus, partitions=a.partitions)
     if a.command == "train" and mode == "decoupled":
@@ -308,10 +314,17 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
         bus = replace(bus, kind="memory", log_dir=str(log_dir))
     elif a.bus is None and default_bus == "kafka":
         bus = replace(bus, kind="kafka", log_dir=None)
+    from actor.envs import check_env_id
+
+    try:  # before any process starts: an env that cannot load fails here, with the fix
+        check_env_id(base.env_id)
+    except ValueError as e:
+        raise SystemExit(f"--env: {e}") from None
     tensorboard = None if a.tensorboard == "off" else (a.tensorboard or str(run_dir / "tb"))
     return replace(base, mode=mode, wrappers=_names(a.wrappers), tensorboard=tensorboard,
                    algo_overrides=_kv(a.set), run_dir=run_dir, run_id=run_id, metrics_port=a.metrics_port,
                    streams=a.streams, bus=bus, snapshot_store=base.snapshot_store or env.snapshot_store,
+                   object_store=ObjectStoreConfig.from_environment(env),
                    redis_url=base.redis_url or env.redis_url,
                    blob_cache=base.blob_cache if base.blob_cache is not None else env.blob_cache)
 
@@ -350,6 +363,9 @@ def cmd_train(a: argparse.Namespace) -> int:
     cfg = train_config(a, default_bus="kafka" if a.mode == "decoupled" else "memory")
     configure_logging(role=cfg.mode, run_id=cfg.effective_run_id(), level=a.log_level, json=a.log_json)
     log = get_logger("rlstream.train")
+    preset = cfg.preset_name()
+    log.info("preset", env=cfg.env_id, algo=cfg.algo, preset=preset or "none",
+             **({"overrides": cfg.algo_overrides} if preset else {}))
     stop = _stop_on_signals()
     if cfg.mode == "colocated":
         from rlstream.colocated import run_colocated
@@ -389,6 +405,8 @@ def cmd_role(a: argparse.Namespace) -> int:
     cfg = read_config(config, env) if config else train_config(a, default_bus="kafka")
     if config and getattr(a, "train", None) is not None and a.train.resume:
         cfg = replace(cfg, resume=True)  # a supervised restart: the run's config, resumed
+    if config and a.metrics_port is not None:
+        cfg = replace(cfg, metrics_port=a.metrics_port)  # this process's own port (the run's file has none)
     role = a.command
     world = len(distributed.parse_devices(cfg.device, cfg.learners)) if role == "learner" else 1
     ranks = env.rank()
@@ -468,7 +486,8 @@ def cmd_rollback(a: argparse.Namespace) -> int:
     bus = _tool_bus(a)
     store = a.snapshot_store or a.env.snapshot_store or str(a.run_dir / "snapshots")
     try:
-        result = rollback(bus, store, a.to_version, algo=a.algo or "ppo", env_id=a.env_id, blob_store=_tool_blobs(a))
+        result = rollback(bus, store, a.to_version, algo=a.algo or "ppo", env_id=a.env_id, blob_store=_tool_blobs(a),
+                          object_store=ObjectStoreConfig.from_environment(a.env))
     except RollbackError as e:
         print(f"rollback failed: {e}", file=sys.stderr)
         return 2

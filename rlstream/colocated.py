@@ -85,7 +85,7 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
         tb_learner.losses(progress.steps, m)
         tb_learner.sps(progress.steps)
 
-    learner = wiring.build_learner(cfg, events, metrics, algo, on_update=on_update)
+    learner = wiring.build_learner(cfg, events, metrics, algo, on_update=on_update, gpu_util=gpu.utilization)
     learner_ref["learner"] = learner
     learner.start(resume=cfg.resume)
     if cfg.resume and learner.stats.updates:

@@ -38,7 +38,7 @@ from runtime.progress import Progress, quantiles_ms, read_state
 from runtime.roles import Slot, clear_summaries, drive, read_summaries, summary_path, write_summary
 from runtime.tensorboard import TensorBoardRun
 from config.runfile import CONFIG_FILE
-from streams.topics import LEARNER_GROUP, SAMPLES_PREPARED, SAMPLES_RAW, STREAMS_GROUP
+from streams.topics import SAMPLES_PREPARED, SAMPLES_RAW, STREAMS_GROUP
 
 #: File in a decoupled run's directory naming its namespace (``--resume`` reads it).
 NAMESPACE_FILE = "namespace"
@@ -186,7 +186,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
         tb.sps(progress.steps)
 
     learner = wiring.build_learner(cfg, events, metrics, algo, on_update=on_update, breaker=breaker,
-                                   lag_signal=lag, parallel=parallel)
+                                   lag_signal=lag, parallel=parallel, gpu_util=gpu.utilization)
     learner.start(resume=cfg.resume)
     bind_policy_version(learner.version)
     if health is not None:
@@ -308,7 +308,7 @@ class RunMonitor:
             # versions the slowest actor is behind the newest (the learner's state may be older)
             "policy_lag": max(version, *actor_versions) - min(actor_versions) if actor_versions else None,
             "consumer_lag_raw": self._lag(STREAMS_GROUP, SAMPLES_RAW),
-            "consumer_lag_prepared": self._lag(LEARNER_GROUP, SAMPLES_PREPARED),
+            "consumer_lag_prepared": self._lag(self.cfg.bus.learner_group, SAMPLES_PREPARED),
             "stalled": sorted(n for n, st in states.items() if st.get("stalled")),
             "learner_idle_s": learner.get("idle_s"),
             "restarts": {n: k for n, k in sorted(self.restarts.items()) if k},
@@ -347,17 +347,22 @@ class Supervisor:
         self.env, self.log_dir, self.max_restarts, self.log = env, log_dir, max_restarts, log
         self.procs: dict[str, subprocess.Popen] = {}
         self.cmds: dict[str, list[str]] = {}
+        self.envs: dict[str, dict[str, str]] = {}
         self.restarts: dict[str, int] = {}
         self.pending: dict[str, float] = {}  # role -> monotonic time of its restart
 
     def log_path(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
 
-    def spawn(self, name: str, cmd: list[str]) -> None:
+    def spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
+        """Start ``name`` (again: same command, same ``env`` over the run's, log appended)."""
         self.cmds[name] = cmd
+        if env is not None:
+            self.envs[name] = env
         mode = "a" if name in self.procs else "w"
         self.procs[name] = subprocess.Popen(cmd, stdout=self.log_path(name).open(mode), stderr=subprocess.STDOUT,
-                                            env={**self.env, ENV_PROCESS: name}, start_new_session=True)
+                                            env={**self.env, **self.envs.get(name, {}), ENV_PROCESS: name},
+                                            start_new_session=True)
 
     def check(self, done_ok: set[str]) -> None:
         """Schedule a restart of each role that died (exit 0 of a role in ``done_ok`` is done),
@@ -410,10 +415,46 @@ class Supervisor:
 
 
 def streams_cmd(cfg: TrainConfig, index: int) -> list[str]:
-    """The Faust worker ``index`` of a local run (its own data dir; no web server)."""
+    """The Faust worker ``index`` of a local run (its own data dir; its web server, /metrics and
+    /healthz, on the port ``RLSTREAM_METRICS_PORT`` gives it: ``metrics_ports``)."""
     data = cfg.run_dir / ("streams-data" if index == 0 else f"streams-data-{index}")
-    return [sys.executable, "-m", "faust", "-A", "streams", "--datadir", str(data), "worker", "-l", "warn",
-            "--without-web"]
+    return [sys.executable, "-m", "faust", "-A", "streams", "--datadir", str(data), "worker", "-l", "warn"]
+
+
+#: The file-based service discovery file of a decoupled run (Prometheus ``file_sd_configs``).
+TARGETS_FILE = "prometheus.targets.json"
+
+
+def metrics_ports(names: list[str], host: str = "127.0.0.1") -> dict[str, int]:
+    """A free port on ``host`` for each child's metrics server (many roles share one host; the
+    ports are free when asked, and a child that loses one to a race logs it and runs without)."""
+    import socket
+
+    socks, ports = [], {}
+    try:
+        for name in names:  # all held open at once, so no two children get the same one
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+            ports[name] = s.getsockname()[1]
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def write_scrape_targets(cfg: TrainConfig, ports: dict[str, int], host: str = "127.0.0.1") -> Path:
+    """``<run_dir>/prometheus.targets.json``: every child's metrics endpoint with its role,
+    process and run labels, for a Prometheus ``file_sd_configs`` entry (docs/decoupled.md)."""
+    targets = [{"targets": [f"{host}:{port}"],
+                "labels": {"role": name.split("-")[0], "process": name, "run_id": cfg.effective_run_id(),
+                           "namespace": cfg.bus.namespace}}
+               for name, port in sorted(ports.items())]
+    path = cfg.run_dir / TARGETS_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(targets, indent=2) + "\n")
+    tmp.replace(path)
+    return path
 
 
 #: How often the parent checks whether the learner has drained the actors' last samples.
@@ -445,8 +486,14 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     drain_s = max(30.0, 3 * min(cfg.log_every_s, 60.0))  # children write their state every second
     rc, ended = None, "stopped"  # why the run ended: learner_done, drained or stopped (a signal)
     try:
-        for name, cmd in child_commands(cfg, config_path).items():
-            sup.spawn(name, cmd)
+        commands = child_commands(cfg, config_path)
+        ports = metrics_ports(list(commands))
+        for name, cmd in commands.items():
+            if name.startswith("streams"):  # the Faust worker takes its web port from the environment
+                sup.spawn(name, cmd, env={ENV_METRICS_PORT: str(ports[name])})
+            else:
+                sup.spawn(name, [*cmd, "--metrics-port", str(ports[name])])
+        write_scrape_targets(cfg, ports)
         if log is not None:
             log.info("decoupled_started", processes=sorted(procs), logs=str(cfg.run_dir),
                      namespace=cfg.bus.namespace or "(legacy)", partitions=cfg.bus.partitions,

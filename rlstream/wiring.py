@@ -15,13 +15,15 @@ from actor.identity import actor_seed
 from actor.policy_client import PolicySubscriber
 from config import BusConfig, PrepareConfig, TrainConfig
 from learner.learner import Learner, LearnerConfig
+from learner.minibatch import MINIBATCH_SIZES, MinibatchController
+from learner.replay import ReplayCache, ReplayConfig
 from runtime.metrics import Metrics
 from schemas.events import SampleBatch
 from streams.bus import Bus, in_namespace, kafka_bus, open_bus
 from streams.events import EventBus, event_bus, schema_codec
 from streams.policies import BlobStore, open_blob_store
 from streams.settings import EFFECTIVE_CONFIG_FILE, StreamsSettings
-from streams.topics import LEARNER_GROUP, SAMPLES_PREPARED, SAMPLES_RAW, STREAMS_GROUP
+from streams.topics import SAMPLES_PREPARED, SAMPLES_RAW, STREAMS_GROUP
 
 
 # Infrastructure of one setting comes from its own package; the roles below are assembled here.
@@ -86,7 +88,7 @@ def build_flow(cfg: TrainConfig, bus: Bus, metrics: Metrics | None, log=None):
                         note="the policy version has not advanced; waiting for the learner")
 
     def backlog() -> float:  # records the processors and the learner have not consumed
-        return float(bus.group_lag(STREAMS_GROUP, SAMPLES_RAW) + bus.group_lag(LEARNER_GROUP, SAMPLES_PREPARED))
+        return float(bus.group_lag(STREAMS_GROUP, SAMPLES_RAW) + bus.group_lag(cfg.bus.learner_group, SAMPLES_PREPARED))
 
     return LearnerGate(_inner_flow(cfg, bus, metrics, log), cfg.steps_ahead_bound(), cfg.num_envs,
                        budget=cfg.actor_budget(), backlog=backlog, max_backlog=cfg.max_backlog, on_stall=on_stall)
@@ -111,7 +113,7 @@ def _inner_flow(cfg: TrainConfig, bus: Bus, metrics: Metrics | None, log=None):
         from actor.fragment_size import FragmentSizeController
 
         sizes = FragmentSizeController()
-    on_size = metrics.set_batch_size if metrics is not None else None
+    on_size = metrics.set_fragment_length if metrics is not None else None
     return Backpressure(backlog, max_backlog=cfg.max_backlog, sizes=sizes, on_size=on_size)
 
 
@@ -226,29 +228,42 @@ def build_policy_breaker(cfg: TrainConfig, metrics: Metrics | None):
 
 
 def build_learner(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, algo, on_update=None,
-                  breaker=None, lag_signal=None, parallel=None) -> Learner:
+                  breaker=None, lag_signal=None, parallel=None, gpu_util=None) -> Learner:
     """The learner of ``cfg``; ``breaker``/``lag_signal``: the backlog breaker (decoupled); the
-    policy-lag breaker is built here, for both modes."""
+    policy-lag breaker is built here, for both modes; ``gpu_util``: percent now, or None
+    (the dynamic minibatch size's signal, ``--dynamic-batch``)."""
     from learner.snapshots import open_store
 
-    store = open_store(cfg.snapshot_url())
+    store = open_store(cfg.snapshot_url(), keep_timed=cfg.snapshot_keep_timed, object_store=cfg.object_store)
 
     def update_hook(learner: Learner, m: dict[str, float], seconds: float) -> None:
         if metrics is not None:
             metrics.count_learner_steps()
             metrics.set_policy_version(learner.version)
             metrics.observe_step_time(seconds, "update")
+            if "minibatch_size" in m:
+                metrics.set_batch_size(int(m["minibatch_size"]))
+            if "replay_cache_samples" in m:
+                metrics.set_replay(m["replay_cache_samples"], m["replay_ratio"], m["replay_spi"])
         if on_update is not None:
             on_update(learner, m, seconds)
 
     blob = build_blob_store(cfg)
     lcfg = LearnerConfig(algo=cfg.algo, train_batch_size=cfg.train_batch_size, snapshot_every=cfg.snapshot_every,
+                         snapshot_interval_s=cfg.snapshot_interval_s,
                          total_samples=cfg.total_steps,
                          env_id=cfg.env_id, policy_id=cfg.policy_id, run_id=cfg.effective_run_id(),
-                         claim_check_above=cfg.claim_check_above)
+                         claim_check_above=cfg.claim_check_above, group=cfg.bus.learner_group)
+    settings = cfg.replay_settings()
+    replay = ReplayCache(ReplayConfig(**settings), seed=cfg.seed) if settings is not None else None
+    control = None
+    if cfg.dynamic_batch:
+        static = cfg.train_batch_size // max(1, getattr(algo.config, "num_minibatches", 1))
+        control = MinibatchController(initial=min(MINIBATCH_SIZES, key=lambda s: abs(s - static)))
     return Learner(lcfg, algo, events, snapshots=store, breaker=breaker, lag_signal=lag_signal,
                    on_update=update_hook, blob_store=blob, parallel=parallel,
-                   policy_breaker=build_policy_breaker(cfg, metrics))
+                   policy_breaker=build_policy_breaker(cfg, metrics), replay=replay,
+                   batch_control=control, gpu_util=gpu_util)
 
 
 @dataclass

@@ -63,6 +63,15 @@ class GpuSampler:
             return []
         return [float(self._nvml.nvmlDeviceGetUtilizationRates(h).gpu) for h in self._handles]
 
+    def utilization(self) -> float | None:
+        """The mean utilisation over devices now, in percent; None without a GPU or when the
+        reading fails (the learner's dynamic minibatch size then uses its duty cycle)."""
+        try:
+            values = self.read()
+        except Exception:
+            return None
+        return sum(values) / len(values) if values else None
+
     def sample(self, force: bool = False) -> float | None:
         """Record the mean utilisation over devices if ``every_s`` has passed; returns it."""
         now = self.clock()

@@ -12,7 +12,7 @@ view of it::
 
     actor_m.observe_policy_latency(0.004)        # learner publish -> actor use
     learner_m.count_learner_steps()
-    learner_m.set_batch_size(128)
+    learner_m.set_batch_size(128)                # the learner's minibatch
 
 Components never touch prometheus objects; they call the helper methods
 below (or receive a callable such as ``circuit_breaker_hook()``).
@@ -38,6 +38,10 @@ rlstream_dead_letters_total                counter    topic, reason
 rlstream_skipped_total                     counter    topic, reason
 rlstream_consumer_lag                      gauge      group, topic
 rlstream_batch_size                        gauge
+rlstream_fragment_length                   gauge
+rlstream_replay_cache_samples              gauge
+rlstream_replay_ratio                      gauge
+rlstream_replay_samples_per_insert         gauge
 rlstream_step_duration_seconds             histogram  phase
 rlstream_learner_steps_total               counter
 rlstream_policy_version                    gauge
@@ -49,6 +53,10 @@ rlstream_gpu_memory_allocated_bytes        gauge      device   (GPU only)
 rlstream_gpu_memory_reserved_bytes         gauge      device   (GPU only)
 rlstream_gpu_memory_total_bytes            gauge      device   (GPU only)
 =========================================  =========  ======================
+
+``rlstream_batch_size`` is the learner's minibatch (transitions); the decoupled actor's
+fragment length (steps per env) is ``rlstream_fragment_length``. The three ``replay`` gauges
+describe the learner node's sample cache (``--replay``).
 
 Policy lag in time is exported in seconds (Prometheus base unit), although
 the helper takes milliseconds, the unit the events carry (``created_at_ms``).
@@ -137,6 +145,10 @@ METRIC_NAMES: tuple[str, ...] = (
     "rlstream_skipped_total",
     "rlstream_consumer_lag",
     "rlstream_batch_size",
+    "rlstream_fragment_length",
+    "rlstream_replay_cache_samples",
+    "rlstream_replay_ratio",
+    "rlstream_replay_samples_per_insert",
     "rlstream_step_duration_seconds",
     "rlstream_learner_steps_total",
     "rlstream_policy_version",
@@ -390,7 +402,27 @@ class _Shared:
         )
         self.batch_size = Gauge(
             "batch_size",
-            "Current dynamic batch size (learner: transitions per update; decoupled actor: steps per fragment).",
+            "The learner's minibatch size in transitions (dynamic, 32..256, with --dynamic-batch).",
+            R, namespace=NAMESPACE, registry=r,
+        )
+        self.fragment_length = Gauge(
+            "fragment_length",
+            "Steps per env of the decoupled actor's fragments (dynamic, 32..256, by the processors' backlog).",
+            R, namespace=NAMESPACE, registry=r,
+        )
+        self.replay_cache = Gauge(
+            "replay_cache_samples",
+            "Transitions held in the learner node's sample cache (--replay).",
+            R, namespace=NAMESPACE, registry=r,
+        )
+        self.replay_ratio = Gauge(
+            "replay_ratio",
+            "Replayed transitions over all transitions trained (--replay).",
+            R, namespace=NAMESPACE, registry=r,
+        )
+        self.replay_spi = Gauge(
+            "replay_samples_per_insert",
+            "Transitions trained per transition inserted into the sample cache, fresh ones included (--replay).",
             R, namespace=NAMESPACE, registry=r,
         )
         self.step_duration = Histogram(
@@ -600,7 +632,18 @@ class Metrics:
     # -- learner ---------------------------------------------------------
 
     def set_batch_size(self, size: int) -> None:
+        """The learner's minibatch size (transitions)."""
         self._s.batch_size.labels(role=self.role).set(size)
+
+    def set_fragment_length(self, steps: int) -> None:
+        """The decoupled actor's fragment length (steps per env)."""
+        self._s.fragment_length.labels(role=self.role).set(steps)
+
+    def set_replay(self, cache_samples: float, ratio: float, spi: float) -> None:
+        """The learner's sample cache: transitions held, replay ratio, samples per insert."""
+        self._s.replay_cache.labels(role=self.role).set(cache_samples)
+        self._s.replay_ratio.labels(role=self.role).set(ratio)
+        self._s.replay_spi.labels(role=self.role).set(spi)
 
     def observe_step_time(self, seconds: float, phase: str = "total") -> None:
         """Duration of one step (or one ``phase`` of it) in seconds."""

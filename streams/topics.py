@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from config.bus import DAY_MS, Retention
+from config.bus import DAY_MS, DEFAULT_LEARNER_GROUP, Retention
 from config.limits import MAX_MESSAGE_BYTES
 
 
@@ -50,8 +50,9 @@ def dead_letters_here(topic: str, stage: str) -> bool:
 #: there (``Bus.group_lag(STREAMS_GROUP, SAMPLES_RAW)``) is what actors' backpressure, the dynamic
 #: fragment length and the learner's circuit breaker watch.
 STREAMS_GROUP = "rlstream-streams"
-#: Consumer group of the learner on rl.samples.prepared.
-LEARNER_GROUP = "learner"
+#: Default consumer group of the learner on rl.samples.prepared; a run may name another
+#: (``BusConfig.learner_group``: ``--learner-group``, ``RLSTREAM_LEARNER_GROUP``).
+LEARNER_GROUP = DEFAULT_LEARNER_GROUP
 
 #: Retention by topic when this process creates it (``retention.ms``; -1 keeps forever).
 #: Policy versions, gradient steps, preferences and dead letters are the run's record (replay,

@@ -214,6 +214,21 @@ def test_server_properties_single_node():
                              extra={"num.partitions": 4})["num.partitions"] == "4"
 
 
+def test_server_properties_and_broker_on_another_address(tmp_path):
+    """``host``: the address a broker listens on and advertises (a simulated host's, in
+    tests/hosts); 127.0.0.1 stays the default."""
+    props = server_properties(port=9092, controller_port=9093, log_dir="/x", host="10.213.7.11")
+    assert props["listeners"] == "PLAINTEXT://10.213.7.11:9092,CONTROLLER://10.213.7.11:9093"
+    assert props["advertised.listeners"] == "PLAINTEXT://10.213.7.11:9092"
+    assert props["controller.quorum.voters"] == "1@10.213.7.11:9093"
+    kafka = LocalKafka(port=29092, data_dir=tmp_path, host="10.213.7.11")
+    assert kafka.bootstrap == "10.213.7.11:29092"
+    assert "PLAINTEXT://10.213.7.11:29092" in kafka.write_properties().read_text()
+    assert LocalKafka(port=29092, data_dir=tmp_path).bootstrap == "127.0.0.1:29092"
+    # an address this host lacks is held by nothing here (the stop waits on it)
+    assert broker.port_is_free(29092, "198.51.100.7")
+
+
 def test_render_properties_round_trips():
     props = server_properties(port=9092, controller_port=9093, log_dir="/d")
     text = render_properties(props)

@@ -133,7 +133,7 @@ class PPO(BaseAlgorithm):
         kl_col = _STATS.index("approx_kl")
         for _ in range(cfg.update_epochs):
             epoch_start = len(rows)
-            for mb in minibatch_indices(n, cfg.num_minibatches, self.generator, self.device):
+            for mb in minibatch_indices(n, self.minibatches(n, cfg.num_minibatches), self.generator, self.device):
                 newlogp, entropy, newvalue = self.policy.net.evaluate(b_obs_norm[mb], b_act[mb])
                 mb_adv = b_adv[mb]
                 if cfg.norm_adv and mb_adv.numel() > 1:
@@ -175,6 +175,7 @@ class PPO(BaseAlgorithm):
                 "reward_scale_std": float(self.reward_scaler.rms.std()),
                 "num_samples": float(n),
                 "epochs_run": float(epochs_run),
+                "minibatch_size": float(max(1, n // self.minibatches(n, cfg.num_minibatches))),
                 "step": float(self.step),
             }
         )

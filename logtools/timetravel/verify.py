@@ -188,6 +188,10 @@ class Replay:
             return Divergence(s.to_version, ORDER, f"step {s.step} trains from version {s.from_version}, "
                               f"but the recorded line is at {self.version} (a version in between "
                               "came from elsewhere: a rollback or another learner)"), None
+        if s.losses.get("replay_samples", 0.0) > 0:
+            return Divergence(s.to_version, MISSING, f"step {s.step} also trained on "
+                              f"{int(s.losses['replay_samples'])} transitions replayed from the learner's "
+                              "sample cache (--replay); the log does not say which"), None
         batches, altered = [], []
         for i, bid in enumerate(s.batch_ids):
             found = self.run.prepared_batch(bid)
@@ -200,6 +204,8 @@ class Replay:
                                f"{rec.topic}[{rec.partition}]@{rec.offset}) is not the record step "
                                f"{s.step} trained on (sha256 differs)")
             batches.append(pb)
+        if "minibatch_size" in s.losses and hasattr(self.algo, "minibatch_size"):  # --dynamic-batch chose it
+            self.algo.minibatch_size = int(s.losses["minibatch_size"])
         self.algo.update(to_trajectory_batch(batches, self.stream_ids))
         self.version = s.to_version
         return None, "; ".join(altered) or None

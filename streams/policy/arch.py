@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 from typing import Any
@@ -55,23 +56,34 @@ def _arch_dims(arch: Any) -> tuple[str, list[int]]:
     return kind, dims
 
 
-def policy_from_arch(arch: dict[str, Any], max_params: int | None = None) -> Policy:
+def policy_from_arch(arch: dict[str, Any], max_params: int | None = None, *, empty: bool = False) -> Policy:
     """Build the module of ``arch``. ``max_params``: refuse (before allocating anything) an
     architecture whose actor layers alone hold more parameters than this -- the weights that
-    come with it: an event must not make a reader allocate what its payload cannot fill."""
+    come with it: an event must not make a reader allocate what its payload cannot fill.
+    ``empty``: allocate its tensors uninitialised (built on the meta device), for a caller that
+    loads every one of them next (``load_state``): the orthogonal init of a 10M-parameter policy
+    is seconds of QR for nothing."""
     kind, dims = _arch_dims(arch)
     need = sum(a * b for a, b in itertools.pairwise(dims))
     if max_params is not None and need > max_params:
         raise PolicyLoadError(f"policy architecture {arch} needs {need} parameters; its weights hold {max_params}")
     try:
-        return Policy(
-            obs_dim=dims[0],
-            act_dim=int(arch["act_dim"]),
-            hidden=tuple(dims[1:-1]),
-            activation=str(arch.get("activation", "tanh")),
-            normalize_obs=bool(arch.get("normalize_obs", True)),
-            obs_clip=arch.get("obs_clip", 10.0),
-            nvec=arch.get("nvec") if kind == "categorical_mlp" else None,
-        )
+        with torch.device("meta") if empty else contextlib.nullcontext():
+            policy = Policy(
+                obs_dim=dims[0],
+                act_dim=int(arch["act_dim"]),
+                hidden=tuple(dims[1:-1]),
+                activation=str(arch.get("activation", "tanh")),
+                normalize_obs=bool(arch.get("normalize_obs", True)),
+                obs_clip=arch.get("obs_clip", 10.0),
+                nvec=arch.get("nvec") if kind == "categorical_mlp" else None,
+            )
+        if not empty:
+            return policy
+        policy = policy.to_empty(device="cpu")
+        held = {n for n, _ in policy.named_parameters()} | {n for n, _ in policy.named_buffers()}
+        if held != set(policy.state_dict()):  # a tensor no state_dict fills: build it initialised
+            return policy_from_arch(arch, max_params)
+        return policy
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         raise PolicyLoadError(f"bad policy architecture {arch}: {e}") from e

@@ -138,7 +138,8 @@ def load_state(state: dict[str, torch.Tensor], arch: dict[str, Any], into: Polic
     not fit (checked before anything is copied: a module is never left half-loaded).
     ``assign``: the module takes ``state``'s tensors themselves (no copy)."""
     if into is None or arch_of(into) != arch:
-        into = policy_from_arch(arch, max_params=sum(t.numel() for t in state.values()))
+        # uninitialised: the strict, shape-checked load below fills every tensor
+        into = policy_from_arch(arch, max_params=sum(t.numel() for t in state.values()), empty=True)
     # check every name and shape first: torch copies matching tensors before it raises
     expected = {k: tuple(v.shape) for k, v in into.state_dict().items()}
     got = {k: tuple(v.shape) for k, v in state.items()}

@@ -140,14 +140,14 @@ def test_actor_waits_for_a_newer_version_after_its_share(events):
 
 def test_dynamic_fragment_length_grows_under_backlog_and_shrinks_when_drained(events):
     """The processors' group falls behind (reads nothing): fragments grow 32 -> 256; it catches up
-    (reads and commits everything): they shrink back to 32. Reported as set_batch_size."""
+    (reads and commits everything): they shrink back to 32. Reported as set_fragment_length."""
     bus = events.bus
     publish_policy(events, 0)
     metrics = Metrics(role="actor")
     sizes: list[int] = []
 
     def on_size(n: int) -> None:
-        metrics.set_batch_size(n)
+        metrics.set_fragment_length(n)
         sizes.append(n)
 
     flow = Backpressure(lambda: bus.group_lag(STREAMS_GROUP, SAMPLES_RAW), max_backlog=10_000, check_every_s=0.0,
@@ -157,7 +157,7 @@ def test_dynamic_fragment_length_grows_under_backlog_and_shrinks_when_drained(ev
     slow = bus.consumer(STREAMS_GROUP, [SAMPLES_RAW])  # the stream processors, stalled
 
     def gauge() -> float:
-        m = re.search(r'^rlstream_batch_size\{role="actor"\} (\S+)$', metrics.render().decode(), re.MULTILINE)
+        m = re.search(r'^rlstream_fragment_length\{role="actor"\} (\S+)$', metrics.render().decode(), re.MULTILINE)
         return float(m.group(1))
 
     try:

@@ -67,3 +67,50 @@ def test_weightsync_bench_every_subscriber_adopts_every_version(kafka_bootstrap)
     assert row["adoptions"] == 8 and row["missing"] == 0 and row["subscriber_errors"] == [] and not row["claim_check"]
     assert row["broker_bytes_per_version"] > 4 * row["params"]  # inline float32 weights
     assert 0 < row["latency_ms"]["p50"] <= row["latency_ms"]["p99"] <= row["latency_ms"]["max"]
+
+
+def test_latency_breakdown_finds_no_snapshot_between_a_publish_and_its_adoption():
+    doc = bench("bench/latency_breakdown.py", "--env", "Pendulum-v1", "--batch", "128", "--updates", "4")
+    for run in ("default_snapshots", "peer_every_update", "peer_no_snapshots"):
+        r = doc[run]
+        assert r["adoptions"] == 3 and r["latency_ms"]["count"] == 3  # versions 1..3 (4: the run ended)
+        # ordering, not timing: the learner writes a due snapshot at its next step, after the
+        # actor has adopted the version (an inline snapshot would lie inside the window)
+        assert "learner_snapshot" not in r["phase_total_ms"], r
+
+
+def test_snapshot_rollback_bench_times_the_s3_store_beside_the_file_store():
+    pytest.importorskip("moto.server", reason="moto[server] (the S3 server) is not installed")
+    doc = bench("bench/snapshot_rollback.py", "--params", "20000", "--repeats", "1")
+    assert doc["peer"] == "file" and doc["s3_server"].startswith("moto")
+    for name in ("s3", "file"):
+        row = doc["stores"][name]
+        assert row["params"] >= 20000 and row["weights_bytes"] > 4 * 20000
+        (run,) = row["runs"]
+        assert run["new_version"] == 7 and 0 < run["publish_s"] <= run["loaded_s"]
+        assert [r["new_version"] for r in row["cli_runs"]] == [8] and row["cli_s"] > 0
+    assert row["url"] != doc["stores"]["s3"]["url"] and doc["stores"]["s3"]["url"].startswith("s3://")
+    assert doc["ratios"]["loaded_s_s3_over_file"] == pytest.approx(
+        doc["stores"]["s3"]["loaded_s"] / doc["stores"]["file"]["loaded_s"], rel=0.05, abs=0.01)
+
+@pytest.mark.kafka
+def test_weightsync_hosts_bench_fills_each_host_cache_once():
+    """Across 2 simulated hosts (tests/support/netns.py: root, ip, nft), each host's blob cache is
+    filled once per version (two store reads), on one host once."""
+    from tests.support import netns
+
+    why = netns.unavailable()
+    if why is not None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"network namespaces unavailable: {why}")
+        pytest.skip(f"network namespaces unavailable: {why}")
+    doc = bench("bench/weightsync_hosts.py", "--actors", "4", "--hosts", "2", "--procs-per-host", "1",
+                "--params", "300000", "--versions", "2", "--claim-check-above", "100000")
+    hosts, one = doc["rows"]
+    assert (hosts["layout"], one["layout"]) == ("hosts", "one-host")
+    for row in (hosts, one):
+        assert row["adoptions"] == 8 and row["missing"] == 0 and row["subscriber_errors"] == [], row
+        assert row["claim_check"] and row["broker_bytes_per_version"] < 1000
+    assert hosts["blob_store_reads_per_version"] == 2.0 and one["blob_store_reads_per_version"] == 1.0
+    if hosts["delay_method"] is not None:
+        assert hosts["delayed_packets"] > 0

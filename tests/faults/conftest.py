@@ -24,6 +24,7 @@ import contextlib
 import os
 import sys
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,7 +135,7 @@ class StreamsProcesses:
                # Faust's own setting: a SIGKILLed worker leaves the group in seconds, not 60 s
                "BROKER_SESSION_TIMEOUT": "6"}
         fill = {"datadir": str(self.rig.run_dir / f"faust-{n}"), "port": str(self.port)}
-        cmd = [sys.executable, *(a.format(**fill) for a in SHELL_CMDS[self.shell])]
+        cmd = self.rig.place(f"streams-{n}") + [sys.executable, *(a.format(**fill) for a in SHELL_CMDS[self.shell])]
         self.workers.append(Role(f"streams-{n}", cmd, self.rig.run_dir / f"streams.{n}.log", self.rig.env | env))
         self.rig.roles.append(self.workers[-1])
 
@@ -190,14 +191,24 @@ class StreamsProcesses:
 
 
 class Rig:
-    """Learner and actor processes on the broker ``bootstrap``, the streams thread in-process."""
+    """Learner, actor and stream processor processes on the broker ``bootstrap``.
+
+    ``place(name)``: the command prefix that runs role ``name`` (``learner``, ``actor-<i>``,
+    ``streams-<n>``) where it should run, e.g. ``ip netns exec NS`` for a simulated host
+    (``tests/hosts``); by default none, so every role runs here. ``total_steps`` is the learner's
+    budget and, split over ``num_actors``, the actors'; ``args`` go to every role."""
 
     def __init__(self, bootstrap: str, run_dir: Path, *, snapshot_every: int = 3,
-                 train_batch_size: int = FRAGMENT) -> None:
+                 train_batch_size: int = FRAGMENT, place: Callable[[str], list[str]] | None = None,
+                 total_steps: int = 10**9, num_actors: int = 1, args: tuple[str, ...] = ()) -> None:
         self.bootstrap = bootstrap
         self.run_dir = run_dir
         self.snapshot_every = snapshot_every
         self.train_batch_size = train_batch_size
+        self.place = place or (lambda name: [])
+        self.total_steps = total_steps
+        self.num_actors = num_actors
+        self.args = tuple(args)
         self.env = {**os.environ, "KAFKA_BROKERS": bootstrap, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                     "PYTHONUNBUFFERED": "1"}
         self.env.pop("RLSTREAM_METRICS_PORT", None)
@@ -207,15 +218,16 @@ class Rig:
 
     def _cmd(self, role: str, *extra: str) -> list[str]:
         return [sys.executable, "-m", "rlstream.cli", role, "--bus", "kafka", "--bootstrap", self.bootstrap,
-                "--algo", "ppo", "--env", ENV_ID, "--total-steps", str(10**9),
+                "--algo", "ppo", "--env", ENV_ID, "--total-steps", str(self.total_steps),
+                "--num-actors", str(self.num_actors),
                 "--train-batch-size", str(self.train_batch_size), "--fragment-steps", str(FRAGMENT),
                 "--num-envs", "1", "--snapshot-every", str(self.snapshot_every),
                 "--run-dir", str(self.run_dir), "--metrics-port", "-1", "--log-json", "--log-every", "1",
-                "--set", "update_epochs=1", "--set", "num_minibatches=1", *extra]
+                "--set", "update_epochs=1", "--set", "num_minibatches=1", *self.args, *extra]
 
     def _spawn(self, name: str, cmd: list[str]) -> Role:
         self._n[name] += 1
-        role = Role(name, cmd, self.run_dir / f"{name}.{self._n[name]}.log", self.env)
+        role = Role(name, self.place(name) + cmd, self.run_dir / f"{name}.{self._n[name]}.log", self.env)
         self.roles.append(role)
         return role
 

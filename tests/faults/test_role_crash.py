@@ -28,6 +28,9 @@ input its group has not committed (read with a plain Kafka client).
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 
 import pytest
 
@@ -161,3 +164,59 @@ def test_actor_sigkill_and_restart_with_the_same_id(private_kafka, rig):
     counts.update(streams=[first_stats["reorder"], second_stats["reorder"]], first_incarnation=restart_at,
                   second_incarnation=len(seqs) - restart_at, learner_duplicates_skipped=learner_summary.get("duplicates_skipped"))
     print("FAULT actor-sigkill counts:", json.dumps(counts, sort_keys=True))
+
+
+def test_learner_preempted_sigterm_then_sigkill_resumes_without_training_twice(private_kafka, rig):
+    """A spot preemption as Kubernetes delivers it to the learner pod of compose/k8s/learner.yaml:
+    SIGTERM, then SIGKILL once terminationGracePeriodSeconds (25 s) has passed. The learner was
+    started with ``--resume`` (as the manifest starts it; nothing to resume yet), writes its last
+    snapshot on SIGTERM and exits within the grace; the SIGKILL finds it gone. The replacement,
+    started the same way, restores that snapshot and its offsets: nothing is trained twice, every
+    produced batch is trained, versions go on from the last one."""
+    grace_s = 25.0  # learner.yaml's terminationGracePeriodSeconds
+    steps = TopicCounter(private_kafka.bootstrap, LEARNER_STEPS, CODEC.decode)
+    raw = TopicCounter(private_kafka.bootstrap, SAMPLES_RAW, CODEC.decode)
+    store = open_store(rig.run_dir / "snapshots", keep_last=None)
+    try:
+        streams = rig.start_faust()
+        first = rig.learner(resume=True)
+        actor = rig.actor(0)
+        # updates past the newest periodic snapshot (snapshot_every=3): SIGKILL alone would retrain them
+        wait_for(lambda: steps.poll() >= 4 and steps.poll() % 3 != 0, 120, "updates past a snapshot",
+                 every=0.2, on_timeout=rig.logs)
+        first.ended_by_test = True
+        os.killpg(first.proc.pid, signal.SIGTERM)
+        try:
+            first.proc.wait(grace_s)
+            exited_in_grace = True
+        except subprocess.TimeoutExpired:
+            exited_in_grace = False
+        first.kill()  # the kubelet's SIGKILL at the end of the grace period (a no-op if it is gone)
+        assert exited_in_grace, f"the learner outlived its grace period:\n{first.tail()}"
+        life1 = Ledger.read(private_kafka.bootstrap)
+        n1 = len(life1.steps)
+        v_last = store.latest()
+        assert v_last == max(v.version for v in life1.versions), "no last snapshot of the newest version"
+        _, meta = store.load(v_last)
+        assert set(meta["trained_batch_ids"]) == {i for s in life1.steps for i in s.batch_ids}
+
+        second = rig.learner(resume=True)
+        wait_for(lambda: steps.poll() >= n1 + 3, 120, "3 updates of the resumed learner", on_timeout=rig.logs)
+        actor.stop()
+        wait_for(lambda: all_trained(raw, steps), 90, "every produced batch trained", on_timeout=rig.logs)
+        summary2 = second.stop()
+        assert not streams.errors, streams.errors
+        streams.stop()
+    finally:
+        steps.close()
+        raw.close()
+
+    ledger = Ledger.read(private_kafka.bootstrap)
+    counts = check_trained_once(ledger)  # none twice, none lost, versions strictly increasing
+    resumed = next(v for v in ledger.versions if v.version > v_last)
+    assert (resumed.version, resumed.parent_version) == (v_last + 1, v_last)
+    assert ledger.steps[n1].from_version == v_last + 1
+    assert [v.version for v in ledger.versions][-1] == summary2["final_version"]
+    print("FAULT learner-preempted counts:", json.dumps({**counts, "snapshot_version": v_last,
+                                                          "trained_life1": sum(len(s.batch_ids) for s in life1.steps)},
+                                                         sort_keys=True))

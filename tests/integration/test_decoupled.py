@@ -231,12 +231,45 @@ def test_train_decoupled_smoke(rl_topics, tmp_path):
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("RLSTREAM_METRICS_PORT", None)
-    p = subprocess.run([sys.executable, "-m", "rlstream.cli", "train", "--mode", "decoupled", "--algo", "ppo",
-                        "--env", ENV_ID, "--total-steps", "2048", "--train-batch-size", "1024",
-                        "--bootstrap", rl_topics, "--run-dir", str(run_dir), "--metrics-port", "-1",
-                        "--log-every", "60", "--policy-id", f"smoke-{uuid.uuid4().hex[:8]}"],
-                       cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=420)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    p = subprocess.Popen([sys.executable, "-m", "rlstream.cli", "train", "--mode", "decoupled", "--algo", "ppo",
+                          "--env", ENV_ID, "--total-steps", "2048", "--train-batch-size", "1024",
+                          "--bootstrap", rl_topics, "--run-dir", str(run_dir), "--metrics-port", "-1",
+                          "--log-every", "60", "--policy-id", f"smoke-{uuid.uuid4().hex[:8]}"],
+                         cwd=str(ROOT), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        # every child exports its metrics on its own port, listed for Prometheus' file_sd
+        targets = wait_for(lambda: json.loads((run_dir / "prometheus.targets.json").read_text()), 120,
+                           "the run's scrape targets", ignore=(OSError, ValueError))
+        by_process = {t["labels"]["process"]: t["targets"][0] for t in targets}
+        assert set(by_process) == {"learner", "streams", "actor-0"}
+        assert {t["labels"]["role"] for t in targets} == {"learner", "streams", "actor"}
+        assert len(set(by_process.values())) == 3
+
+        def scraped(addr: str) -> str:
+            with urllib.request.urlopen(f"http://{addr}/metrics", timeout=5) as r:
+                return r.read().decode()
+
+        pages: dict[str, str] = {}
+
+        def all_scraped() -> bool:  # each in turn, every round: none may end before it is asked
+            for name, addr in by_process.items():
+                if name not in pages:
+                    try:
+                        pages[name] = scraped(addr)
+                    except OSError:
+                        pass
+            return len(pages) == len(by_process)
+
+        wait_for(all_scraped, 180, "every child's /metrics", on_timeout=lambda: f"answered: {sorted(pages)}")
+        for name, text in pages.items():
+            assert "rlstream_" in text, (name, text[:500])
+        out, err = p.communicate(timeout=420)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+            p.wait()
+    assert p.returncode == 0, out[-3000:] + err[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["mode"] == "decoupled" and summary["learner_exit"] == 0
     assert summary["exit_codes"] == {"learner": 0, "streams": 0, "actor-0": 0}

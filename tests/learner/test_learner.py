@@ -273,3 +273,24 @@ def test_a_rank_that_does_not_publish_counts_versions_commits_its_share_and_save
     assert versions(events) == [] and list(events.bus.read_all(LEARNER_STEPS)) == []  # rank 0 writes them
     assert store.latest() is None  # and saves the snapshots
     assert lr.consumer.raw.committed() == {(SAMPLES_PREPARED, 0): 2}
+
+
+def test_a_due_snapshot_waits_for_the_next_step_so_readers_of_the_version_do_not(events, tmp_path):
+    """The update publishes its version and returns; the snapshot it is due for is written when
+    the learner steps again (a co-located actor, stepped in between, adopts the version first),
+    with the state and offsets of that update, before anything new is read or trained."""
+    store = open_store(tmp_path, keep_last=None)
+    lr = make(events, store, snapshot_every=1)
+    lr.start()
+    events.publish(SAMPLES_PREPARED, prepared(0), key="actor-0")
+    assert lr.step(0) is not None
+    assert [v.version for v in versions(events)] == [0, 1] and store.latest() is None
+    trained = {k: v.clone() for k, v in lr.algo.policy.state_dict().items()}
+    events.publish(SAMPLES_PREPARED, prepared(1), key="actor-0")  # waiting, not yet read
+    assert lr.step(0) is not None  # the snapshot first, then the next update
+    assert store.latest() == 1
+    weights, meta = store.load(1)
+    assert all(torch.equal(weights[k], trained[k]) for k in trained)
+    assert meta["offsets"] == [[SAMPLES_PREPARED, 0, 1]] and meta["updates"] == 1
+    lr.close()  # a due snapshot is not lost when the learner stops instead of stepping again
+    assert store.latest() == 2

@@ -4,6 +4,11 @@ Redis: ``redis_url`` uses ``$REDIS_URL`` when it is set and answers PING;
 otherwise it starts a throwaway ``redis-server`` on a free port (no
 persistence) for the session and kills it afterwards; otherwise the test is
 skipped, except when ``CI=true``, where a missing Redis fails the run.
+
+S3: ``moto_s3`` is a real S3-compatible server, moto's server mode, started as its own process
+on a free port for the session and killed afterwards (``tests.support.s3.MotoServer``);
+``s3_bucket`` a fresh bucket on it. Without moto or s3fs installed the test is skipped, except
+when ``CI=true``.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import pytest
 import torch
 
 from tests.support import free_port, wait_for
+from tests.support.s3 import MotoServer, moto_available
 
 torch.set_num_threads(1)
 
@@ -93,3 +99,19 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
             client.delete(*keys)
     finally:
         client.close()
+
+
+@pytest.fixture(scope="session")
+def moto_s3() -> Iterator[MotoServer]:
+    if not moto_available():
+        _unavailable("moto[server] or s3fs not installed (pip install -e '.[test]'): no S3 server")
+    with MotoServer() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_bucket(moto_s3: MotoServer) -> str:
+    """A new, empty bucket on the session's S3 server."""
+    name = f"rlstream-test-{uuid.uuid4().hex[:12]}"
+    moto_s3.make_bucket(name)
+    return name

@@ -205,6 +205,7 @@ def test_dashboard_covers_the_required_panels(dashboard: dict[str, Any]) -> None
         "rlstream_drops_total",
         "rlstream_dead_letters_total",
         "rlstream_batch_size",
+        "rlstream_fragment_length",
         "rlstream_circuit_breaker_state",
         "rlstream_policy_lag_versions",
     ):
@@ -241,7 +242,7 @@ def test_k8s_namespace_and_configmap(k8s_docs: list[dict[str, Any]]) -> None:
     for d in k8s_docs:
         if d["kind"] != "Namespace":
             assert d["metadata"]["namespace"] == ns["metadata"]["name"], d["metadata"]["name"]
-    (cm,) = by_kind(k8s_docs, "ConfigMap")
+    cm = config_map(k8s_docs)
     assert set(cm["data"]) <= set(ENV_VARS)
     assert cm["data"]["KAFKA_BROKERS"].endswith(f":{INFRA_PORTS['kafka']}")
 
@@ -249,8 +250,27 @@ def test_k8s_namespace_and_configmap(k8s_docs: list[dict[str, Any]]) -> None:
 WORKLOAD_KINDS = ("Deployment", "StatefulSet")
 
 
+def config_map(k8s_docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ConfigMap every rlstream container reads its variables from."""
+    (cm,) = [d for d in by_kind(k8s_docs, "ConfigMap") if d["metadata"]["name"] == "rlstream-config"]
+    return cm
+
+
+def is_rlstream_image(image: str) -> bool:
+    return image.split(":")[0] in ("rlstream", "rlstream-gpu")
+
+
 def workloads(k8s_docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [d for d in k8s_docs if d["kind"] in WORKLOAD_KINDS]
+    """The long-running rlstream workloads (Prometheus's Deployment is not one)."""
+    return [d for d in k8s_docs if d["kind"] in WORKLOAD_KINDS
+            and all(is_rlstream_image(c["image"]) for c in d["spec"]["template"]["spec"]["containers"])]
+
+
+def pod_specs(k8s_docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pod specs of every workload and CronJob running an rlstream image."""
+    specs = [d["spec"]["template"]["spec"] for d in workloads(k8s_docs)]
+    specs += [d["spec"]["jobTemplate"]["spec"]["template"]["spec"] for d in by_kind(k8s_docs, "CronJob")]
+    return specs
 
 
 def deployments(k8s_docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -263,7 +283,7 @@ def deployments(k8s_docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def test_k8s_deployments_ports_probes_env_annotations(k8s_docs: list[dict[str, Any]]) -> None:
-    (cm,) = by_kind(k8s_docs, "ConfigMap")
+    cm = config_map(k8s_docs)
     deps = deployments(k8s_docs)
     assert set(deps) == TRAINING_ROLES | {"serve"}
     for role, dep in deps.items():
@@ -322,8 +342,10 @@ def test_k8s_inference_service(k8s_docs: list[dict[str, Any]]) -> None:
 
 def all_commands(compose: dict[str, Any], k8s_docs: list[dict[str, Any]]) -> list[list[str]]:
     cmds = [s["command"] for s in rlstream_services(compose).values()]
-    for d in workloads(k8s_docs):
-        cmds += [c["command"] for c in d["spec"]["template"]["spec"]["containers"]]
+    gpu = yaml.safe_load((COMPOSE / "docker-compose.gpu.yml").read_text())
+    cmds += [s["command"] for s in gpu["services"].values() if "command" in s]
+    for spec in pod_specs(k8s_docs):
+        cmds += [c["command"] for c in spec["containers"]]
     return cmds
 
 
@@ -334,7 +356,7 @@ def test_every_rlstream_command_parses_with_the_real_cli(compose: dict[str, Any]
     from rlstream.cli import build_parser
 
     cmds = all_commands(compose, k8s_docs)
-    assert len(cmds) >= 8
+    assert len(cmds) >= 10
     for cmd in cmds:
         if cmd[0] != "rlstream":
             assert cmd[:3] == ["faust", "-A", "streams"], cmd

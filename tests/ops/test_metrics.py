@@ -164,6 +164,12 @@ def test_drops_dead_letters_consumer_lag_batch_size_steps() -> None:
     assert value(m, "rlstream_dead_letters_total", role="streams", topic="rl.samples.raw", reason="decode_error") == 1
     assert value(m, "rlstream_consumer_lag", role="streams", group="streams", topic="rl.samples.raw") == 1234
     assert value(m, "rlstream_batch_size", role="streams") == 128
+    m.set_fragment_length(64)
+    m.set_replay(512, 0.25, 1.5)
+    assert value(m, "rlstream_fragment_length", role="streams") == 64
+    assert value(m, "rlstream_batch_size", role="streams") == 128  # its own series
+    assert (value(m, "rlstream_replay_cache_samples", role="streams"), value(m, "rlstream_replay_ratio", role="streams"),
+            value(m, "rlstream_replay_samples_per_insert", role="streams")) == (512, 0.25, 1.5)
     assert value(m, "rlstream_learner_steps_total", role="streams") == 1
     assert value(m, "rlstream_step_duration_seconds_count", role="streams", phase="backward") == 1
 

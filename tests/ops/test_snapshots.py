@@ -1,4 +1,5 @@
-"""Contract tests run against every snapshot backend (local directory and real Redis)."""
+"""Contract tests run against every snapshot backend: a local directory, a real Redis, and
+S3-compatible object storage on a real S3 server (moto's server mode, its own process)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,14 @@ import pytest
 import torch
 from torch import nn
 
+from config.env import Environment
+from config.storage import ObjectStoreConfig
 from learner.snapshots import (
     LocalDirSnapshotStore,
+    ObjectSnapshotStore,
     RedisSnapshotStore,
     SnapshotCorruptError,
+    SnapshotError,
     SnapshotNotFoundError,
     SnapshotPinnedError,
     SnapshotStore,
@@ -25,16 +30,24 @@ from learner.snapshots import (
     rollback,
     unflatten_state,
 )
+from learner.snapshots import _s3_options
+from tests.support import free_port
 
-BACKENDS = ("local", pytest.param("redis", marks=pytest.mark.redis))
+BACKENDS = ("local", pytest.param("redis", marks=pytest.mark.redis), "s3")
 
 
-def make_store(kind: str, tmp_path: Path, request: pytest.FixtureRequest, keep_last: int | None = 10):
+def make_store(kind: str, tmp_path: Path, request: pytest.FixtureRequest, keep_last: int | None = 10,
+               keep_timed: int | None = 7):
     if kind == "local":
-        return LocalDirSnapshotStore(tmp_path / "snaps", keep_last=keep_last, fsync=False)
+        return LocalDirSnapshotStore(tmp_path / "snaps", keep_last=keep_last, fsync=False, keep_timed=keep_timed)
+    if kind == "s3":
+        s3 = request.getfixturevalue("moto_s3")
+        bucket = request.getfixturevalue("s3_bucket")
+        return ObjectSnapshotStore(f"s3://{bucket}/run/snaps", keep_last=keep_last, keep_timed=keep_timed,
+                                   object_store=s3.config())
     url = request.getfixturevalue("redis_url")
     prefix = request.getfixturevalue("redis_prefix")
-    return RedisSnapshotStore(url, prefix=prefix, keep_last=keep_last)
+    return RedisSnapshotStore(url, prefix=prefix, keep_last=keep_last, keep_timed=keep_timed)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -44,7 +57,7 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def store_factory(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Callable[..., SnapshotStore]:
-    return lambda keep_last=10: make_store(backend, tmp_path, request, keep_last)
+    return lambda keep_last=10, keep_timed=7: make_store(backend, tmp_path, request, keep_last, keep_timed)
 
 
 @pytest.fixture
@@ -72,27 +85,45 @@ def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
         assert torch.equal(a[k], b[k]), k
 
 
-def corrupt(store: SnapshotStore, version: int, part: str) -> None:
-    """Flip one byte of ``part`` (weights, state, record) in the backend's storage."""
+SUFFIX = {"weights": ".safetensors", "state": ".state.safetensors", "record": ".json"}
+
+
+def raw_get(store: SnapshotStore, version: int, part: str) -> bytes:
+    """The stored bytes of ``part`` (weights, state, record), read behind the store's back."""
     if isinstance(store, LocalDirSnapshotStore):
-        suffix = {"weights": ".safetensors", "state": ".state.safetensors", "record": ".json"}[part]
-        path = store.path / f"v{version:08d}{suffix}"
-        data = bytearray(path.read_bytes())
-        data[len(data) // 2] ^= 0x01
-        path.write_bytes(bytes(data))
+        return (store.path / f"v{version:08d}{SUFFIX[part]}").read_bytes()
+    if isinstance(store, ObjectSnapshotStore):
+        return store.fs.cat_file(f"{store.root}/v{version:08d}{SUFFIX[part]}")
+    assert isinstance(store, RedisSnapshotStore)
+    if part == "record":
+        return store._r.hget(store._k("meta", version), "record")
+    return store._r.get(store._k(part, version))
+
+
+def raw_set(store: SnapshotStore, version: int, part: str, data: bytes | None) -> None:
+    """Overwrite (``None``: delete) ``part`` of ``version`` behind the store's back."""
+    if isinstance(store, LocalDirSnapshotStore):
+        path = store.path / f"v{version:08d}{SUFFIX[part]}"
+        path.unlink() if data is None else path.write_bytes(data)
+    elif isinstance(store, ObjectSnapshotStore):
+        path = f"{store.root}/v{version:08d}{SUFFIX[part]}"
+        store.fs.rm_file(path) if data is None else store.fs.pipe_file(path, data)
     else:
         assert isinstance(store, RedisSnapshotStore)
-        r = store._r
         if part == "record":
-            key = store._k("meta", version)
-            data = bytearray(r.hget(key, "record"))
-            data[len(data) // 2] ^= 0x01
-            r.hset(key, "record", bytes(data))
+            assert data is not None
+            store._r.hset(store._k("meta", version), "record", data)
+        elif data is None:
+            store._r.delete(store._k(part, version))
         else:
-            key = store._k(part, version)
-            data = bytearray(r.get(key))
-            data[len(data) // 2] ^= 0x01
-            r.set(key, bytes(data))
+            store._r.set(store._k(part, version), data)
+
+
+def corrupt(store: SnapshotStore, version: int, part: str) -> None:
+    """Flip one byte of ``part`` (weights, state, record) in the backend's storage."""
+    data = bytearray(raw_get(store, version, part))
+    data[len(data) // 2] ^= 0x01
+    raw_set(store, version, part, bytes(data))
 
 
 def test_weights_and_meta_round_trip(store: SnapshotStore) -> None:
@@ -112,11 +143,7 @@ def test_weights_and_meta_round_trip(store: SnapshotStore) -> None:
 
 def test_blobs_are_safetensors_not_pickle(store: SnapshotStore) -> None:
     store.save(1, weights(), state={"step": 1, "t": torch.ones(2)})
-    if isinstance(store, LocalDirSnapshotStore):
-        blobs = [(store.path / f"v00000001{s}").read_bytes() for s in (".safetensors", ".state.safetensors")]
-    else:
-        blobs = [store._r.get(store._k(k, 1)) for k in ("weights", "state")]
-    for blob in blobs:
+    for blob in (raw_get(store, 1, "weights"), raw_get(store, 1, "state")):
         (header_len,) = struct.unpack("<Q", blob[:8])
         header = json.loads(blob[8 : 8 + header_len])  # safetensors: u64 length + JSON header
         assert isinstance(header, dict)
@@ -184,18 +211,11 @@ def test_corruption_is_detected(store: SnapshotStore, part: str) -> None:
 
 def test_truncated_or_missing_blob_is_corrupt(store: SnapshotStore) -> None:
     store.save(1, weights())
-    if isinstance(store, LocalDirSnapshotStore):
-        p = store.path / "v00000001.safetensors"
-        p.write_bytes(p.read_bytes()[:-10])
-    else:
-        store._r.set(store._k("weights", 1), store._r.get(store._k("weights", 1))[:-10])
+    raw_set(store, 1, "weights", raw_get(store, 1, "weights")[:-10])
     with pytest.raises(SnapshotCorruptError, match="bytes"):
         store.load(1)
     store.save(2, weights())
-    if isinstance(store, LocalDirSnapshotStore):
-        (store.path / "v00000002.safetensors").unlink()
-    else:
-        store._r.delete(store._k("weights", 2))
+    raw_set(store, 2, "weights", None)
     with pytest.raises(SnapshotCorruptError, match="missing"):
         store.load(2)
 
@@ -246,7 +266,31 @@ def test_retention_deletes_oldest_but_keeps_pinned(store_factory: Callable[..., 
         other.pin(2)
 
 
-def test_keep_everything(store_factory: Callable[..., SnapshotStore]) -> None:
+def test_time_based_snapshots_are_kept_by_their_own_retention(store_factory: Callable[..., SnapshotStore]) -> None:
+    """The newest ``keep_last`` of all versions, plus the newest ``keep_timed`` of those saved as
+    time-based, plus pins; the marks are stored with the snapshots (a second handle sees them)
+    and go with the versions they mark."""
+    store = store_factory(keep_last=3, keep_timed=2)
+    for v in range(1, 11):
+        store.save(v, {"w": torch.full((2,), float(v))}, timed=v in (2, 4, 6))
+    assert store.versions() == [4, 6, 8, 9, 10]
+    assert store.timed() == {4, 6}
+    assert store._marks("timed") == {4, 6}  # the pruned 2's mark went with it
+    assert torch.equal(store.load(4)[0]["w"], torch.full((2,), 4.0))
+    store.save(11, {"w": torch.ones(2)}, timed=True)  # the third timed one pushes out the oldest
+    assert store.versions() == [6, 9, 10, 11] and store.timed() == {6, 11}
+    store.save(6, {"w": torch.zeros(2)})  # a resave keeps its mark
+    assert store.timed() == {6, 11}
+    other = store_factory(keep_last=3, keep_timed=1)
+    assert other.timed() == {6, 11}
+    assert other.prune() == [6]
+    assert other.versions() == [9, 10, 11] and other.timed() == {11}
+    assert store_factory(keep_last=1, keep_timed=0).prune() == [9, 10]  # 0: no extra retention
+    other.delete(11)
+    assert other.versions() == [] and other._marks("timed") == set()
+    with pytest.raises(ValueError):
+        store_factory(keep_timed=-1)
+
     store = store_factory(keep_last=None)
     for v in range(1, 15):
         store.save(v, {"w": torch.ones(1)})
@@ -330,8 +374,15 @@ def test_open_store_factory(tmp_path: Path) -> None:
     assert isinstance(s3, RedisSnapshotStore)
     assert s3.prefix == "run42" and s3.keep_last is None
     assert "secret" not in s3.url and "prefix=run42" in s3.url
+    assert s3.keep_timed == 7 and open_store(s2.url + "?keep_timed=2").keep_timed == 2
+    s4 = open_store("s3://bucket/a/b/?keep_last=4&keep_timed=0", keep_timed=5)
+    assert isinstance(s4, ObjectSnapshotStore)
+    assert (s4.url, s4.root, s4.keep_last, s4.keep_timed) == ("s3://bucket/a/b", "bucket/a/b", 4, 0)
+    assert open_store("s3://bucket", keep_timed=5).keep_timed == 5
+    with pytest.raises(ValueError, match="unknown parameters"):
+        open_store("s3://bucket/x?endpoint=http://x")
     with pytest.raises(ValueError):
-        open_store("s3://bucket/x")
+        open_store("gs://bucket/x")
 
 
 @pytest.mark.redis
@@ -346,6 +397,51 @@ def test_open_store_redis(redis_url: str, redis_prefix: str) -> None:
     keys = {k.decode() for k in store.iter_keys()}
     assert keys == {f"{redis_prefix}:{k}" for k in ("versions", "meta:3", "meta:4", "weights:3", "weights:4")}
     store.close()
+
+
+def test_open_store_s3(moto_s3, s3_bucket: str) -> None:
+    """An ``s3://bucket/prefix`` URL: objects laid out as files are, under the prefix; the
+    claim-check key is the weights' object; a missing bucket reads as empty and is an error on
+    write, naming the bucket."""
+    store = open_store(f"s3://{s3_bucket}/runs/r1?keep_last=2&keep_timed=1", object_store=moto_s3.config())
+    for v in range(1, 5):
+        store.save(v, {"w": torch.full((3,), float(v))}, timed=v == 2)
+    store.pin(3)
+    assert store.versions() == [2, 3, 4] and store.timed() == {2} and store.pinned() == {3}
+    assert store.ref(4).key == f"s3://{s3_bucket}/runs/r1/v00000004.safetensors"
+    names = {n.rsplit("/", 1)[-1] for n in moto_s3.filesystem().ls(f"{s3_bucket}/runs/r1", detail=False)}
+    assert names == {"pins.json", "timed.json"} | {f"v0000000{v}{x}" for v in (2, 3, 4) for x in (".json", ".safetensors")}
+    again = open_store(store.url, keep_last=None, object_store=moto_s3.config())  # another process's view
+    assert again.versions() == [2, 3, 4] and torch.equal(again.load(3)[0]["w"], torch.full((3,), 3.0))
+    store.save(5, {"w": torch.ones(1)})
+    assert again.versions() == [2, 3, 4, 5]  # listings are not cached (4, 5 newest; 2 timed; 3 pinned)
+    missing = open_store("s3://no-such-bucket-here/x", object_store=moto_s3.config())
+    assert missing.versions() == []
+    with pytest.raises(SnapshotError, match="no-such-bucket-here"):
+        missing.save(1, {"w": torch.ones(1)})
+
+
+def test_the_s3_endpoint_and_credentials_come_from_the_environment_read_at_the_entry_point(
+        moto_s3, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ObjectStoreConfig.from_environment`` maps the standard AWS variables; a store opened with
+    it reaches the server they name, though this process's own environment names a dead one
+    (so nothing falls back to the SDK reading ``os.environ`` behind rlstream's back)."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    env = Environment({**moto_s3.env(), "AWS_SESSION_TOKEN": "tok", "AWS_REGION": "", "AWS_DEFAULT_REGION": "eu-west-2"})
+    cfg = ObjectStoreConfig.from_environment(env)
+    assert cfg == ObjectStoreConfig(moto_s3.endpoint_url, "eu-west-2", moto_s3.config().access_key_id,
+                                    moto_s3.config().secret_access_key, "tok")
+    assert "secret" not in repr(cfg) and "tok" not in repr(cfg)
+    assert _s3_options(cfg) | {"use_listings_cache": 1} == {
+        "endpoint_url": moto_s3.endpoint_url, "client_kwargs": {"region_name": "eu-west-2"},
+        "key": cfg.access_key_id, "secret": cfg.secret_access_key, "token": "tok", "use_listings_cache": 1,
+        "config_kwargs": {"connect_timeout": 10}}
+    cfg = ObjectStoreConfig.from_environment(Environment(moto_s3.env()))
+    store = open_store(f"s3://{s3_bucket}/env", object_store=cfg)
+    store.save(1, {"w": torch.ones(2)})
+    assert open_store(f"s3://{s3_bucket}/env", object_store=moto_s3.config()).versions() == [1]
 
 
 def _state_1m() -> tuple[dict[str, torch.Tensor], dict]:

@@ -22,6 +22,7 @@ from rlstream.cli import build_parser, train_config
 from config import ENTRY_POINT_FIELDS, BusConfig, PrepareConfig, TrainConfig, read_config, write_config
 from config.env import Environment
 from config.runfile import CONFIG_FILE, read_run_config
+from config.storage import ObjectStoreConfig
 from config.train import default_cache_dir
 from rlstream.decoupled import child_config, child_env, run_decoupled
 from streams.topics import SAMPLES_RAW, Retention
@@ -38,11 +39,14 @@ PREPARE = dict(max_versions=5, max_ms=7_000, staleness_mode="drop", decay=0.25, 
 
 def every_field_set(tmp_path: Path, bootstrap: str) -> TrainConfig:
     bus = dict(kind="kafka", bootstrap=bootstrap, partitions=2, log_dir=str(tmp_path / "unused-log"),
-               retention={SAMPLES_RAW: Retention(ms=3_600_000, bytes=-1)}, namespace=f"cfg{uuid.uuid4().hex[:8]}")
+               retention={SAMPLES_RAW: Retention(ms=3_600_000, bytes=-1)}, namespace=f"cfg{uuid.uuid4().hex[:8]}",
+               learner_group="cfg-trainers")
     train = dict(mode="decoupled", algo="tba", env_id="Pendulum-v1", wrappers=("clip_reward",), total_steps=4096,
+                 preset="none",
                  num_actors=2, num_envs=2, fragment_steps=16, train_batch_size=64, seed=7, group_size=2,
                  algo_overrides={"gamma": 0.98}, run_dir=tmp_path / "run", run_id="cfg-run",
-                 snapshot_store=str(tmp_path / "snaps"), snapshot_every=3, resume=True, plot=False,
+                 snapshot_store=str(tmp_path / "snaps"), snapshot_every=3, snapshot_interval_s=3600.0,
+                 snapshot_keep_timed=3, resume=True, plot=False,
                  tensorboard=str(tmp_path / "tb"), metrics_port=9555, log_every_s=1.5, device="cpu:0",
                  redis_url=os.environ.get("REDIS_URL", "redis://127.0.0.1:1/0"), breaker_open_above=100.0,
                  breaker_close_below=10.0, breaker_policy_lag_versions=6, streams=PrepareConfig(**PREPARE),
@@ -50,7 +54,9 @@ def every_field_set(tmp_path: Path, bootstrap: str) -> TrainConfig:
                  max_batches_per_version=3, policy_wait_s=7.0, max_backlog=9, fixed_fragments=True,
                  actor_steps=1000, max_steps_ahead=5000, torch_threads=2, learners=2, grad_compression="bf16",
                  stream_workers=2, max_restarts=1, claim_check_above=2 << 20, actor_lag_versions=3,
-                 blob_cache=str(tmp_path / "blobs"), bus=BusConfig(**bus))
+                 blob_cache=str(tmp_path / "blobs"), replay=True, replay_capacity=512,
+                 replay_samples_per_insert=1.5, replay_max_reuse=3, replay_min_size=64, dynamic_batch=True,
+                 bus=BusConfig(**bus))
     for cls, values in ((TrainConfig, train), (BusConfig, bus), (PrepareConfig, PREPARE)):
         missing = {f.name for f in dataclasses.fields(cls) if not f.metadata.get("secret")} - set(values)
         # (secrets never go into a config file: each process takes them from its environment)
@@ -96,9 +102,14 @@ def test_every_field_reaches_the_learner_the_actors_and_the_faust_worker(tmp_pat
     written = read_config(run_dir / CONFIG_FILE)
     # The run's file holds what was asked; the parent only turns off the children's metrics servers.
     assert written == replace(cfg, metrics_port=-1) == child_config(cfg)
+    ports = {t["labels"]["process"]: int(t["targets"][0].rpartition(":")[2])
+             for t in json.loads((run_dir / "prometheus.targets.json").read_text())}
     for name in roles:
         used = read_config(run_dir / f"{name}.config.json")
         for f in dataclasses.fields(TrainConfig):
+            if f.name == "metrics_port":  # each child its own, as the run's scrape targets list it
+                assert used.metrics_port == ports[name], name
+                continue
             assert getattr(used, f.name) == getattr(written, f.name), f"{name}: {f.name}"
     streams = read_run_config(run_dir / "streams.config.json")
     assert streams["prepare"] == dataclasses.asdict(cfg.streams)
@@ -124,7 +135,7 @@ def as_flags(cfg: TrainConfig) -> list[str]:
     per field of ``TrainConfig`` and ``PrepareConfig``."""
     argv = ["train", "--mode", cfg.mode, "--run-dir", str(cfg.run_dir), "--run-id", cfg.run_id,
             "--bus", cfg.bus.kind, "--bootstrap", cfg.bus.bootstrap, "--namespace", cfg.bus.namespace,
-            "--partitions", str(cfg.bus.partitions),
+            "--partitions", str(cfg.bus.partitions), "--learner-group", cfg.bus.learner_group,
             "--log-dir", cfg.bus.log_dir, "--metrics-port", str(cfg.metrics_port), "--tensorboard", cfg.tensorboard,
             "--wrappers", ",".join(cfg.wrappers)]
     for k, v in cfg.algo_overrides.items():
@@ -145,7 +156,8 @@ def test_every_field_is_a_flag_that_parses_back(tmp_path, monkeypatch):
     parsed = train_config(build_parser().parse_args(as_flags(cfg)))
     assert parsed == cfg
     assert set(ENTRY_POINT_FIELDS) == {"mode", "wrappers", "algo_overrides", "run_dir", "run_id", "tensorboard",
-                                       "metrics_port", "streams", "bus"}  # each has a shared flag above
+                                       "metrics_port", "streams", "bus", "object_store"}
+    # each has a shared flag above, but object_store: the AWS variables (a secret, never a flag)
 
 
 def test_a_config_file_of_another_schema_or_with_unknown_or_missing_fields_is_refused(tmp_path):
@@ -170,3 +182,22 @@ def test_a_config_draws_its_run_id_once():
     assert cfg.run_id and cfg.effective_run_id() == cfg.effective_run_id() == cfg.run_id
     assert replace(cfg, seed=3).run_id == cfg.run_id == TrainConfig.from_dict(cfg.to_dict()).run_id
     assert TrainConfig().run_id != cfg.run_id and TrainConfig(run_id="given").run_id == "given"
+
+
+def test_the_object_store_settings_come_from_each_process_environment_never_from_the_file(tmp_path, monkeypatch):
+    """The s3 store's endpoint and credentials: from the AWS variables where the command runs
+    (``rlstream train``), and where each decoupled child reads the run's file; never in the file."""
+    aws = {"AWS_ENDPOINT_URL": "http://s3.test:9000", "AWS_ACCESS_KEY_ID": "AKID", "AWS_SECRET_ACCESS_KEY": "SKEY"}
+    for k, v in aws.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    want = ObjectStoreConfig("http://s3.test:9000", None, "AKID", "SKEY")
+    cfg = train_config(build_parser().parse_args(["train", "--run-dir", str(tmp_path), "--snapshot-store", "s3://b/p"]))
+    assert cfg.object_store == want and cfg.snapshot_store == "s3://b/p"
+    path = write_config(cfg, tmp_path / CONFIG_FILE)
+    text = path.read_text()
+    assert "SKEY" not in text and "AKID" not in text and "s3.test" not in text
+    assert read_config(path).object_store == ObjectStoreConfig()
+    assert read_config(path, Environment(aws)).object_store == want

@@ -23,12 +23,14 @@ from schemas.events import PolicyVersion
 from schemas.weights import decode_weights
 from streams.policies import (
     RedisBlobStore,
+    arch_of,
     make_policy_version,
     publish_policy_version,
     weights_bytes,
 )
 from streams.topics import POLICY_VERSIONS
-from tests.ops.conftest import redis_server_url  # noqa: F401  (fixture)
+from tests.ops.conftest import moto_s3, redis_server_url, s3_bucket  # noqa: F401  (fixtures)
+from tests.support import free_port
 from tests.timetravel.test_verify_colocated import ROOT
 
 
@@ -182,3 +184,50 @@ def _rollback_by_command(tmp_path, log, store, blobs, policies, keys, redis_url)
     state, arch = decode_weights(weights_bytes(new, blobs))
     assert arch["activation"] == "relu"
     assert all(torch.equal(state[k], t) for k, t in policies[1].state_dict().items())
+
+
+def test_the_rollback_command_takes_an_s3_store_from_its_environment(tmp_path, moto_s3, s3_bucket):  # noqa: F811
+    """``RLSTREAM_SNAPSHOT_STORE=s3://bucket/prefix`` and the AWS variables, no ``--snapshot-store``:
+    ``rlstream rollback`` reads snapshot K from the S3 server (a real one, moto's server mode),
+    publishes it as a new version and pins K there."""
+    log = tmp_path / "log"
+    bus = build_bus(BusConfig(kind="memory", log_dir=str(log)))
+    url = f"s3://{s3_bucket}/runs/r1/snapshots"
+    store = open_store(url, keep_last=None, object_store=moto_s3.config())
+    policies = {}
+    for v in range(3):
+        torch.manual_seed(v)
+        policies[v] = Policy(3, 2, hidden=(16, 16), activation="relu")
+        pv = make_policy_version(policies[v], policy_id="policy", version=v, parent_version=v - 1 if v else None,
+                                 learner_id="L", algo="ppo")
+        publish_policy_version(build_events(bus, None), pv)
+        store.save(v, policies[v].state_dict(), {"algo": "ppo", "arch": arch_of(policies[v])})
+    bus.close()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("AWS_") and k not in ("REDIS_URL", "RLSTREAM_SNAPSHOT_STORE")}
+    # AWS_ENDPOINT_URL_S3, a dead local port, is the endpoint the SDK would pick by itself (over
+    # AWS_ENDPOINT_URL): the server is reached only if rlstream read AWS_ENDPOINT_URL and passed it
+    # on (config.storage), and nothing ever leaves this machine.
+    env.update(moto_s3.env(), RLSTREAM_SNAPSHOT_STORE=url, AWS_EC2_METADATA_DISABLED="true",
+               AWS_ENDPOINT_URL_S3=f"http://127.0.0.1:{free_port()}",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cwd = tmp_path / "elsewhere"  # no runs/latest/snapshots here: the store can only come from the variable
+    cwd.mkdir()
+    p = subprocess.run([sys.executable, "-m", "rlstream.cli", "rollback", "--log-dir", str(log), "--to", "1",
+                        "--metrics-port", "-1"], cwd=str(cwd), env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    result = json.loads(p.stdout.strip().splitlines()[-1])
+    assert (result["new_version"], result["from_snapshot"], result["previous_version"]) == (3, 1, 2)
+    bus = build_bus(BusConfig(kind="memory", log_dir=str(log)))
+    try:
+        new = Codec().decode(list(bus.read_all(POLICY_VERSIONS))[-1].value, PolicyVersion)
+    finally:
+        bus.close()
+    assert (new.version, new.parent_version) == (3, 1)
+    state, _ = decode_weights(new.weights)
+    assert all(torch.equal(state[k], t) for k, t in policies[1].state_dict().items())
+    assert not all(torch.equal(state[k], t) for k, t in policies[2].state_dict().items())
+    assert store.pinned() == {1}  # pinned in the S3 store the variable named
+    p = subprocess.run([sys.executable, "-m", "rlstream.cli", "rollback", "--log-dir", str(log), "--to", "7",
+                        "--metrics-port", "-1"], cwd=str(cwd), env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and f"no snapshot of version 7 in {url}; snapshots there: 0, 1, 2" in p.stderr

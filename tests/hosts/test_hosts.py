@@ -1,0 +1,207 @@
+"""A decoupled run whose roles each run on a simulated host of their own (``conftest.py``):
+the broker, the learner, the Faust worker and two actors, joined by one switch that loses
+frames and delays packets, and the two network faults a cluster meets first.
+
+* ``test_decoupled_run_across_lossy_hosts``: with loss on every link and delay on every host,
+  the run trains to its budget and every role exits 0; the ledger (``tests/faults``) finds every
+  produced batch trained once, nothing lost, versions increasing.
+* ``test_actor_host_partition_heals``: one actor's host is cut off the switch for longer than the
+  consumer session timeout (the Faust worker's and the learner's, 6 s) and healed: the learner
+  keeps training the other actor's data meanwhile, the cut actor publishes nothing while cut and
+  carries on after, and the ledger balances.
+* ``test_learner_host_partition_actors_wait_and_resume``: the learner's host is cut off; the actors
+  stall within their bound (``LearnerGate``: max-steps-ahead and max-backlog) instead of running
+  on; the cut learner is SIGKILLed (a lost host), the cable comes back and a new learner starts
+  there with ``--resume``: it restores its newest snapshot and the committed offsets, trains the
+  rest of the budget, and no batch is lost or trained twice beyond the updates the lost learner
+  made after its last snapshot.
+
+Each prints its ledger (``HOSTS ... counts:``) and the impairments the switch applied.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from learner.snapshots import open_store
+from schemas.codec import Codec
+from streams.topics import LEARNER_STEPS, SAMPLES_RAW
+from tests.faults.conftest import FRAGMENT, Ledger, TopicCounter, all_trained, check_trained_once
+from tests.support import summary_of, wait_for
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+CODEC = Codec()
+LOSS_PCT = 2  # of the frames each way on every host's link
+DELAY_MS = 3.0  # on every packet each host sends: ~6 ms round trip between two hosts
+
+
+def _exited(role, timeout: float, logs) -> int:
+    wait_for(lambda: not role.alive(), timeout, f"{role.name} to exit", every=0.5, on_timeout=logs)
+    return role.proc.returncode
+
+
+def test_decoupled_run_across_lossy_hosts(hosts, tmp_path):
+    budget = 2 * 20 * FRAGMENT  # two actors, 20 fragments each
+    applied = hosts.impair(LOSS_PCT, DELAY_MS)
+    rig = hosts.rig(tmp_path, total_steps=budget, num_actors=2)
+    t0 = time.monotonic()
+    try:
+        streams = rig.start_faust()
+        learner = rig.learner()
+        actors = [rig.actor(i) for i in range(2)]
+        assert _exited(learner, 150, rig.logs) == 0, rig.logs()
+        for a in actors:
+            assert _exited(a, 30, rig.logs) == 0, rig.logs()
+        assert not streams.errors, streams.errors
+        streams.stop()
+    finally:
+        rig.close()
+    wall = time.monotonic() - t0
+    ledger = Ledger.read(hosts.bootstrap)
+    counts = check_trained_once(ledger)
+    summary = summary_of(learner.log)
+    assert sum(b.size for b in ledger.raw) == budget, "the actors did not publish exactly their budget"
+    assert summary["samples_trained"] == budget
+    assert counts["lost"] == 0 and counts["dead_letters"] == {}
+    report = hosts.report()
+    assert sum(h["loss"] for h in report.values()) > 0, f"the switch dropped nothing: {report}"
+    if applied["delay_ms"] and applied["delay_method"] == "nfqueue":
+        assert all(h["delayer"]["packets"] > 0 for h in report.values()), report
+    print("HOSTS decoupled counts:", json.dumps({**counts, "wall_s": round(wall, 1), "hosts": report},
+                                                sort_keys=True))
+
+
+def test_actor_host_partition_heals(hosts, tmp_path):
+    budget = 2 * 60 * FRAGMENT
+    hosts.impair(LOSS_PCT, DELAY_MS)
+    rig = hosts.rig(tmp_path, total_steps=budget, num_actors=2)
+    steps = TopicCounter(hosts.bootstrap, LEARNER_STEPS, CODEC.decode)
+    raw = TopicCounter(hosts.bootstrap, SAMPLES_RAW, CODEC.decode)
+    cut = hosts["actor-1"]
+    t0 = time.monotonic()
+
+    def from_cut() -> int:
+        raw.poll()
+        return sum(b.actor_id == "actor-1" for b in raw.items)
+
+    try:
+        streams = rig.start_faust()
+        learner = rig.learner()
+        actors = [rig.actor(i) for i in range(2)]
+        wait_for(lambda: steps.poll() >= 3 and from_cut() >= 2, 150, "3 updates with both actors", every=0.3,
+                 on_timeout=rig.logs)
+        cut.partition()
+        cut_at = time.monotonic()
+        time.sleep(1.0)  # what was in flight when the cable went lands now (frames already on the wire)
+        before = (steps.poll(), from_cut())
+        # longer than the session timeout of the groups (6 s) and than librdkafka's socket timeouts
+        while time.monotonic() - cut_at < 20:
+            assert actors[1].alive() and learner.alive(), rig.logs()  # actor-0 may finish its budget
+            time.sleep(0.5)
+        during = (steps.poll(), from_cut())
+        dropped = cut.heal()
+        assert during[0] > before[0], "the learner stopped while one actor host was cut off"
+        assert during[1] == before[1], "the cut actor's batches reached the broker through the partition"
+        assert dropped > 0
+        wait_for(lambda: from_cut() > during[1], 90, "the healed actor to publish again", every=0.5,
+                 on_timeout=rig.logs)
+        assert _exited(learner, 150, rig.logs) == 0, rig.logs()
+        for a in actors:
+            assert _exited(a, 30, rig.logs) == 0, rig.logs()
+        assert not streams.errors, streams.errors
+        streams.stop()
+    finally:
+        rig.close()
+        steps.close()
+        raw.close()
+    ledger = Ledger.read(hosts.bootstrap)
+    counts = check_trained_once(ledger)
+    assert sum(b.size for b in ledger.raw) == budget
+    seqs = [b.seq for b in ledger.raw if b.actor_id == "actor-1"]
+    assert seqs == list(range(len(seqs))), "the healed actor's batches are not one gap-free sequence"
+    print("HOSTS actor-partition counts:", json.dumps(
+        {**counts, "partition_s": 20, "partition_frames_dropped": dropped, "updates_before": before[0],
+         "updates_during": during[0] - before[0], "cut_actor_batches": len(seqs),
+         "wall_s": round(time.monotonic() - t0, 1), "hosts": hosts.report()}, sort_keys=True))
+
+
+def test_learner_host_partition_actors_wait_and_resume(hosts, tmp_path):
+    budget = 2 * 30 * FRAGMENT
+    ahead, backlog = 2 * FRAGMENT, 2  # each actor: at most 2 fragments past the learner's version
+    hosts.impair(LOSS_PCT, DELAY_MS)
+    rig = hosts.rig(tmp_path, total_steps=budget, num_actors=2, snapshot_every=1,
+                    args=("--max-steps-ahead", str(ahead), "--max-backlog", str(backlog), "--policy-wait", "3"))
+    steps = TopicCounter(hosts.bootstrap, LEARNER_STEPS, CODEC.decode)
+    raw = TopicCounter(hosts.bootstrap, SAMPLES_RAW, CODEC.decode)
+    store = open_store(tmp_path / "snapshots", keep_last=None)
+    cut = hosts["learner"]
+    t0 = time.monotonic()
+    try:
+        streams = rig.start_faust()
+        first = rig.learner()
+        actors = [rig.actor(i) for i in range(2)]
+        wait_for(lambda: steps.poll() >= 4 and (store.latest() or 0) > 0, 150, "4 updates and a snapshot",
+                 every=0.3, on_timeout=rig.logs)
+        cut.partition()
+        time.sleep(1.0)
+        raw_at_cut = raw.poll()
+        # the actors stall: nothing new for 10 s on end, within 90 s
+        last = [raw_at_cut, time.monotonic()]
+
+        def quiet_for_10s() -> bool:
+            n = raw.poll()
+            if n != last[0]:
+                last[:] = [n, time.monotonic()]
+            return time.monotonic() - last[1] >= 10
+
+        wait_for(quiet_for_10s, 90, "the actors to stall while the learner is cut off", every=0.5,
+                 on_timeout=rig.logs)
+        ran_on = raw.poll() - raw_at_cut
+        # each actor: its steps ahead, one fragment the policy wait lets through, the backlog bound
+        bound = 2 * (ahead // FRAGMENT + 1 + backlog)
+        assert ran_on <= bound, f"actors ran on {ran_on} fragments past the learner (bound {bound})"
+        assert all(a.alive() for a in actors)
+        first.kill()  # the host is lost with its learner
+        life1 = Ledger.read(hosts.bootstrap)
+        n1 = len(life1.steps)
+        cut_dropped = cut.heal()
+        assert cut_dropped > 0, "the partition dropped nothing"
+        v_s = store.latest()
+        _, meta = store.load(v_s)
+        snapshot_ids = set(meta["trained_batch_ids"])
+        second = rig.learner(resume=True)
+        assert _exited(second, 150, rig.logs) == 0, rig.logs()
+        for a in actors:
+            assert _exited(a, 60, rig.logs) == 0, rig.logs()
+        wait_for(lambda: all_trained(raw, steps), 30, "every produced batch trained", on_timeout=rig.logs)
+        assert not streams.errors, streams.errors
+        streams.stop()
+    finally:
+        rig.close()
+        steps.close()
+        raw.close()
+    ledger = Ledger.read(hosts.bootstrap)
+    assert [s.batch_ids for s in ledger.steps[:n1]] == [s.batch_ids for s in life1.steps]
+    ids1 = [i for s in ledger.steps[:n1] for i in s.batch_ids]
+    ids2 = [i for s in ledger.steps[n1:] for i in s.batch_ids]
+    assert len(ids1) == len(set(ids1)) and len(ids2) == len(set(ids2)), "an id trained twice within one life"
+    after = {i for s in ledger.steps[:n1] if s.to_version > v_s for i in s.batch_ids}
+    assert not set(ids2) & snapshot_ids, "the resumed learner retrained batches its snapshot holds"
+    assert set(ids1) & set(ids2) == after, "only the batches trained after the snapshot are retrained"
+    assert set(ids1) | set(ids2) == set(ledger.produced_ids), "a produced batch was never trained"
+    assert sum(b.size for b in ledger.raw) == budget, "the actors ran past their budget"
+    versions = [v.version for v in ledger.versions]
+    assert versions == sorted(set(versions)), f"versions not strictly increasing: {versions}"
+    resumed = next(v for v in ledger.versions if v.version > max(v.version for v in life1.versions))
+    assert resumed.parent_version == v_s
+    summary = summary_of(second.log)
+    assert summary["samples_trained"] >= budget
+    print("HOSTS learner-partition counts:", json.dumps(
+        {"produced": len(ledger.raw), "trained_life1": len(ids1), "trained_life2": len(ids2),
+         "snapshot_version": v_s, "retrained_after_snapshot": len(after), "ran_on_while_cut": ran_on,
+         "ran_on_bound": bound, "partition_frames_dropped": cut_dropped, "lost": len(set(ledger.produced_ids) - set(ids1) - set(ids2)),
+         "versions": len(versions), "dead_letters": dict(ledger.dead_reasons()),
+         "wall_s": round(time.monotonic() - t0, 1), "hosts": hosts.report()}, sort_keys=True))

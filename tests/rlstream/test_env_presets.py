@@ -1,0 +1,106 @@
+"""Per-environment presets (``config.algos.ENV_PRESETS``) and old env versions: ``rlstream train
+--env Hopper-v5`` uses its preset with no flag; flags and ``--set`` win; ``HalfCheetah-v3`` fails
+before anything starts, naming the version to use."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from actor.envs import check_env_id, newest_version
+from agents.registry import make_config
+from config import TrainConfig
+from config.algos import ENV_PRESETS, env_family, env_preset
+from rlstream.cli import build_parser, train_config
+from rlstream.wiring import build_algo
+
+
+def parsed(*argv: str, tmp_path) -> TrainConfig:
+    return train_config(build_parser().parse_args(["train", *argv, "--run-dir", str(tmp_path)]))
+
+
+@pytest.mark.parametrize("env_id, family", [("HalfCheetah-v5", "HalfCheetah"), ("pkg.mod:Ant-v3", "Ant"),
+                                            ("CartPole", "CartPole"), ("Walker2d-v5", "Walker2d"),
+                                            ("my-env", "my-env")])
+def test_env_family(env_id, family):
+    assert env_family(env_id) == family
+
+
+def test_every_preset_is_a_valid_algorithm_config():
+    for (algo, family), rows in ENV_PRESETS.items():
+        for name, row in rows.items():
+            cfg = make_config(algo, row.algo)  # an unknown field raises
+            for key, value in row.algo.items():
+                assert getattr(cfg, key) == value, (family, name, key)
+            if row.train_batch_size is not None:
+                assert row.train_batch_size % cfg.num_minibatches == 0, (family, name)
+
+
+def test_hopper_uses_the_zoo_preset_with_no_flag(tmp_path):
+    cfg = parsed("--env", "Hopper-v5", tmp_path=tmp_path)
+    assert cfg.preset_name() == "zoo"
+    assert cfg.train_batch_size == 512 and cfg.effective_fragment_steps() == 512
+    algo_cfg = build_algo(cfg, 11, 3).config  # what the learner actually trains with
+    assert (algo_cfg.learning_rate, algo_cfg.gamma, algo_cfg.gae_lambda) == (9.80828e-05, 0.999, 0.99)
+    assert (algo_cfg.num_minibatches, algo_cfg.update_epochs, algo_cfg.clip_coef) == (16, 5, 0.2)
+    assert (algo_cfg.hidden, algo_cfg.activation, algo_cfg.init_log_std) == ((256, 256), "relu", -2.0)
+    assert not algo_cfg.anneal_lr and not algo_cfg.clip_vloss
+
+
+def test_flags_and_set_win_over_the_preset(tmp_path):
+    cfg = parsed("--env", "Hopper-v5", "--train-batch-size", "1024", "--set", "learning_rate=0.001",
+                 tmp_path=tmp_path)
+    assert cfg.train_batch_size == 1024
+    assert cfg.algo_overrides["learning_rate"] == 0.001
+    assert cfg.algo_overrides["gamma"] == 0.999  # the rest of the preset stays
+
+
+def test_halfcheetah_keeps_the_algorithm_row_unless_asked(tmp_path):
+    cfg = parsed("--env", "HalfCheetah-v5", tmp_path=tmp_path / "a")
+    assert cfg.preset_name() == "cleanrl" and cfg.algo_overrides == {} and cfg.train_batch_size == 2048
+    zoo = parsed("--env", "HalfCheetah-v5", "--preset", "zoo", tmp_path=tmp_path / "b")
+    assert zoo.train_batch_size == 512 and zoo.algo_overrides["update_epochs"] == 20
+    none = parsed("--env", "Hopper-v5", "--preset", "none", tmp_path=tmp_path / "c")
+    assert none.preset_name() is None and none.algo_overrides == {} and none.train_batch_size == 2048
+
+
+def test_other_algorithms_and_envs_have_no_preset():
+    assert env_preset("agro", "Hopper-v5") is None
+    assert env_preset("ppo", "Pendulum-v1") is None
+    assert TrainConfig(algo="agro", env_id="Hopper-v5").algo_overrides == {}
+
+
+def test_unknown_preset_names_fail_clearly():
+    with pytest.raises(ValueError, match="choose from auto, none, zoo"):
+        TrainConfig(env_id="Hopper-v5", preset="cleanrl")
+    with pytest.raises(ValueError, match="--preset must be one of"):
+        TrainConfig(preset="tuned")
+
+
+def test_a_preset_config_survives_its_run_file():
+    cfg = dataclasses.replace(TrainConfig(env_id="Humanoid-v5"), algo_overrides={"ent_coef": 0.0})
+    again = TrainConfig.from_dict(cfg.to_dict())
+    assert again == cfg and again.algo_overrides["ent_coef"] == 0.0 and again.algo_overrides["gamma"] == 0.95
+
+
+def test_old_mujoco_versions_point_to_v5():
+    assert newest_version("HalfCheetah-v3") == "HalfCheetah-v5"
+    with pytest.raises(ValueError, match="use Ant-v5"):
+        check_env_id("Ant-v3")
+    check_env_id("HalfCheetah-v5")  # loads
+    with pytest.raises(ValueError, match="doesn't exist"):
+        check_env_id("NoSuchEnv-v1")
+
+
+def test_train_refuses_an_old_version_before_starting(tmp_path):
+    with pytest.raises(SystemExit, match="use HalfCheetah-v5"):
+        parsed("--env", "HalfCheetah-v3", tmp_path=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    assert parsed("--env-name", "HalfCheetah", tmp_path=tmp_path / "ok").env_id == "HalfCheetah"
+
+
+def test_the_guides_flag_spellings(tmp_path):
+    cfg = parsed("--mode", "decoupled", "--algo", "agro", "--env-name", "Ant-v5", "--total-timesteps", "2000000",
+                 "--importance", tmp_path=tmp_path)
+    assert (cfg.env_id, cfg.total_steps, cfg.prepare_config().importance) == ("Ant-v5", 2_000_000, True)
