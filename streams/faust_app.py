@@ -467,10 +467,18 @@ class StreamsApp:
     async def watch_gaps(self) -> int:
         """Seek back every owned partition of rl.samples.raw whose records stopped arriving
         although its end (the consumer's highwater) is past the next offset expected: records
-        the consumer dropped with nothing after them to show the gap. Returns how many."""
+        the consumer dropped with nothing after them to show the gap. Returns how many.
+
+        Not while the app rebalances or recovers its table: Faust pauses the raw partitions
+        then (nothing arrives on purpose), and a rewind stops the consumer's flow, which drops
+        the changelog records recovery is waiting for, so recovery would wait forever. The
+        stall clock starts again once the app is settled."""
         from faust.types import TP
 
         topic, now, n = self.settings.namespace.topic(SAMPLES_RAW), time.monotonic(), 0
+        if self.app.rebalancing or self.app.in_recovery:
+            self._arrived_at.update(dict.fromkeys(self.partitions, now))
+            return 0
         for p in sorted(self.partitions):
             nxt = self.acks.next(p)
             if nxt is None or now - self._arrived_at.get(p, now) < self.settings.gap_stall_s:

@@ -72,10 +72,11 @@ class FaustShell:
     def __init__(self, bus, bootstrap: str, namespace: Namespace, env: dict[str, str], tmp: Path) -> None:
         self.bus = bus
         self.tmp = tmp
-        self.env = {**os.environ, **env, "KAFKA_BROKERS": bootstrap, "RLSTREAM_NAMESPACE": namespace.name,
+        # Faust's own BROKER_SESSION_TIMEOUT: a SIGKILLed worker leaves in seconds (``env`` may set another)
+        self.env = {**os.environ, "BROKER_SESSION_TIMEOUT": "6", **env, "KAFKA_BROKERS": bootstrap,
+                    "RLSTREAM_NAMESPACE": namespace.name,
                     "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                    "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                    "BROKER_SESSION_TIMEOUT": "6"}  # Faust's own: a SIGKILLed worker leaves in seconds
+                    "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         self.workers: list[Role] = []
         self.ports: list[int] = []
 

@@ -324,3 +324,45 @@ def test_a_policy_version_that_does_not_build_is_skipped_and_the_previous_one_us
     prepared = decoded(sent, SAMPLES_PREPARED, PreparedBatch)
     assert [p.current_version for p in prepared] == [2]  # the newest version that builds
     assert decoded(sent, DEADLETTER, DeadLetter) == [] and sa.skipped == 1  # the learner dead-letters it
+
+
+class FlowConsumer:
+    """The consumer seam of ``StreamsApp.watch_gaps``: a highwater, and flow stops and seeks recorded."""
+
+    def __init__(self, end: int) -> None:
+        self.end, self.calls = end, []
+
+    def highwater(self, tp):
+        return self.end
+
+    def stop_flow(self):
+        self.calls.append("stop_flow")
+
+    def resume_flow(self):
+        self.calls.append("resume_flow")
+
+    async def seek_wait(self, offsets):
+        self.calls.extend(("seek", tp.partition, o) for tp, o in offsets.items())
+
+
+@pytest.mark.parametrize("settling", [None, "rebalancing", "in_recovery"])
+def test_the_gap_watch_rewinds_a_stalled_partition_only_once_the_app_is_settled(streams, settling):
+    """A partition whose records stopped below its end is sought back to the next offset
+    expected; while Faust rebalances or recovers its table (raw partitions paused on purpose)
+    nothing is rewound, since stopping the flow then drops the changelog records recovery
+    waits for, and the stall clock starts again."""
+    import time
+
+    _, sa, _ = streams
+    consumer = sa.app.consumer = FlowConsumer(end=10)
+    sa.partitions = {0}
+    sa.acks.expect(0, 4)
+    sa._arrived_at[0] = time.monotonic() - 10 * sa.settings.gap_stall_s
+    if settling:
+        setattr(sa.app, settling, True)
+    n = asyncio.run(sa.watch_gaps())
+    if settling:
+        assert (n, consumer.calls) == (0, [])
+        assert time.monotonic() - sa._arrived_at[0] < sa.settings.gap_stall_s  # the clock restarted
+    else:
+        assert (n, consumer.calls) == (1, ["stop_flow", ("seek", 0, 4), "resume_flow"])
