@@ -329,7 +329,7 @@ class TrainConfig:
         # a file written before the learner's group could be named: its run used the default group
         bus.setdefault("learner_group", DEFAULT_LEARNER_GROUP)
         # ... or its topics' replication: the broker's defaults
-        bus.setdefault("replication", {})
+        bus.setdefault("replication", {"factor": None, "min_insync": None})
         _check_fields(BusConfig, bus, skip=SECRET_FIELDS)
         bus["retention"] = {k: Retention(**v) for k, v in bus["retention"].items()}
         _check_fields(Replication, bus["replication"])
