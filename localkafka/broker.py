@@ -1,15 +1,16 @@
 """Local Apache Kafka broker manager (no Docker needed).
 
 Fetches the Kafka jars from Maven Central with ``mvn``, formats a KRaft
-storage directory and runs a single-node combined broker+controller on
-127.0.0.1.  Readiness is a Kafka client's metadata request listing this broker as alive
+storage directory and runs a combined broker+controller on 127.0.0.1: a
+single-node cluster by default, or one node of an N-node cluster
+(``node_id``, ``voters``, ``cluster_id``; ``localkafka.cluster.LocalCluster``).  Readiness is a Kafka client's metadata request listing this broker as alive
 (librdkafka's admin client, or Kafka's own api-versions tool before the package's
 dependencies are installed), never a sleep.
 
 Standard library only: it must run before the package's dependencies are
 installed (``python3 -m localkafka.broker start`` from the repo root).
 
-Command line::
+Command line (``localkafka.cli``)::
 
     rlstream broker fetch   [--version V]
     rlstream broker start   [--port 9092] [--controller-port P] [--data-dir D]

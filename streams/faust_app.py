@@ -40,6 +40,11 @@ every PolicyVersion. Per-actor reorder/dedup state lives in the Faust table ``ac
 (``TableState``; its changelog has as many partitions as rl.samples.raw), so a rebalance moves
 it with the partition; buffered batches are redelivered, uncommitted, to the new owner. The
 record-level rules (decode, dead-letter, hold, emit) are ``streams.shell.ShellCore``'s.
+
+On a replicated cluster the app follows the run's ``Replication`` setting
+(``RLSTREAM_REPLICATION_FACTOR``, ``RLSTREAM_MIN_INSYNC_REPLICAS``; ``replication_settings``): its
+changelogs and declared topics get that many copies and ``min.insync.replicas``, its producer
+writes with ``acks=all``, and its clients refresh metadata every ``METADATA_MAX_AGE_MS``.
 """
 
 from __future__ import annotations

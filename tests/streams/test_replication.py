@@ -144,3 +144,18 @@ def test_created_topics_carry_the_settings_min_insync_replicas(kafka_bootstrap):
 
     with KafkaBus(kafka_bootstrap, client_id="rlstream-test", auto_create=False) as plain:
         plain.delete_topics(made)
+
+
+def test_a_role_says_it_in_one_line_and_exits_2(monkeypatch, capsys):
+    from rlstream import cli
+    from streams.bus import ReplicationError
+
+    def refused(a):
+        raise ReplicationError(3, 1, "127.0.0.1:9092", ["rl.samples.raw"])
+
+    monkeypatch.setattr(cli, "cmd_role", refused)
+    assert cli.main(["learner", "--bus", "kafka"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rlstream learner: error: RLSTREAM_REPLICATION_FACTOR=3 asks for 3 copies of every topic, "
+                          "but the Kafka cluster at 127.0.0.1:9092 has 1 broker alive: cannot create rl.samples.raw.")
+    assert "Traceback" not in err
