@@ -16,7 +16,7 @@ _EXPORTS = {
     "Environment": "config.env", "RankEnv": "config.env",
     "AlgoDefaults": "config.algos", "ALGO_DEFAULTS": "config.algos", "TRAINABLE": "config.algos",
     "algo_defaults": "config.algos",
-    "BusConfig": "config.bus", "Retention": "config.bus", "parse_retention": "config.bus",
+    "BusConfig": "config.bus", "Retention": "config.bus", "Replication": "config.bus", "parse_retention": "config.bus",
     "PrepareConfig": "config.prepare",
     "ObjectStoreConfig": "config.storage",
     "TrainConfig": "config.train", "read_config": "config.train", "write_config": "config.train",

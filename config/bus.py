@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from config.env import ENV_LEARNER_GROUP, ENV_RETENTION, Environment
+from config.env import ENV_LEARNER_GROUP, ENV_MIN_INSYNC_REPLICAS, ENV_REPLICATION_FACTOR, ENV_RETENTION, Environment
 from config.limits import DEFAULT_BOOTSTRAP
 
 DAY_MS = 24 * 3600 * 1000
@@ -73,6 +73,27 @@ def _amount(text: str, units: dict[str, int], item: str) -> int:
 
 
 @dataclass(frozen=True)
+class Replication:
+    """How many copies of each topic this process creates, and how many must be in sync for a
+    write to be acknowledged (producers use ``acks=all``): ``RLSTREAM_REPLICATION_FACTOR`` and
+    ``RLSTREAM_MIN_INSYNC_REPLICAS``. None: the broker's default (``default.replication.factor``,
+    ``min.insync.replicas``)."""
+
+    factor: int | None = None
+    """Replication factor of the topics created (3 on a 3-broker cluster: one broker may be lost)."""
+    min_insync: int | None = None
+    """``min.insync.replicas`` of the topics created (2 with factor 3)."""
+
+    #: The variables, for messages (``streams.bus.kafka.ReplicationError`` names the setting).
+    FACTOR_SETTING = ENV_REPLICATION_FACTOR
+    MIN_INSYNC_SETTING = ENV_MIN_INSYNC_REPLICAS
+
+    def topic_config(self) -> dict[str, str]:
+        """The per-topic config it sets (``min.insync.replicas``; nothing when unset)."""
+        return {} if self.min_insync is None else {"min.insync.replicas": str(self.min_insync)}
+
+
+@dataclass(frozen=True)
 class BusConfig:
     kind: str = "memory"
     """memory (in-process, co-located default) or kafka."""
@@ -92,6 +113,9 @@ class BusConfig:
     learner_group: str = DEFAULT_LEARNER_GROUP
     """The learner's consumer group on rl.samples.prepared (scoped by ``namespace`` like every
     group): every role of a run must agree on it (actors read its backlog)."""
+    replication: Replication = field(default_factory=Replication)
+    """Copies of every topic created and how many in sync (``RLSTREAM_REPLICATION_FACTOR``,
+    ``RLSTREAM_MIN_INSYNC_REPLICAS``): one setting for every role of a run."""
     security: dict[str, str] = field(default_factory=dict, compare=False, repr=False,
                                      metadata={"secret": True})
     """librdkafka security settings (``security.protocol``, ``sasl.*``, ``ssl.*``) from
@@ -102,11 +126,16 @@ class BusConfig:
                          log_dir: str | None = None, namespace: str | None = None,
                          learner_group: str | None = None) -> "BusConfig":
         """Flags win over the environment (RLSTREAM_BUS, KAFKA_BROKERS, RLSTREAM_NAMESPACE,
-        RLSTREAM_RETENTION, RLSTREAM_LEARNER_GROUP, RLSTREAM_KAFKA_*)."""
+        RLSTREAM_RETENTION, RLSTREAM_LEARNER_GROUP, RLSTREAM_REPLICATION_FACTOR,
+        RLSTREAM_MIN_INSYNC_REPLICAS, RLSTREAM_KAFKA_*)."""
         try:
             retention = parse_retention(env.retention)
         except ValueError as e:
             raise SystemExit(f"{ENV_RETENTION}: {e}") from None
+        try:
+            replication = Replication(*env.replication())
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
         group = learner_group or env.learner_group or DEFAULT_LEARNER_GROUP
         try:
             check_group(group)
@@ -119,5 +148,6 @@ class BusConfig:
             retention=retention,
             namespace=((env.namespace or "") if namespace is None else namespace).strip(),
             learner_group=group,
+            replication=replication,
             security=env.kafka_security(),
         )

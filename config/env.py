@@ -54,6 +54,12 @@ ENV_NAMESPACE = "RLSTREAM_NAMESPACE"
 ENV_LEARNER_GROUP = "RLSTREAM_LEARNER_GROUP"
 #: Per-topic retention over the defaults (``config.bus.parse_retention``).
 ENV_RETENTION = "RLSTREAM_RETENTION"
+#: Copies of every topic a role creates (rlstream's topics and the Faust worker's changelogs), and
+#: how many of them must be in sync for an ``acks=all`` write (the topics' ``min.insync.replicas``);
+#: unset: the broker's ``default.replication.factor`` and ``min.insync.replicas``. A factor the
+#: cluster cannot hold is refused where the topics are made (``streams.bus.kafka.ReplicationError``).
+ENV_REPLICATION_FACTOR = "RLSTREAM_REPLICATION_FACTOR"
+ENV_MIN_INSYNC_REPLICAS = "RLSTREAM_MIN_INSYNC_REPLICAS"
 #: Run directory of a decoupled run, set for the Faust worker, which writes its summary there.
 ENV_RUN_DIR = "RLSTREAM_RUN_DIR"
 #: The name the supervisor gave this child (``streams``, ``streams-1``): its summary file's name.
@@ -81,6 +87,7 @@ ENV_VARS: tuple[str, ...] = (
     ENV_RUN_ID, ENV_ACTOR_INDEX, ENV_STALENESS_K, ENV_STALENESS_MS, ENV_STALENESS_MODE, ENV_ALGO,
     ENV_POLICY_ID, ENV_NAMESPACE, ENV_RUN_DIR, ENV_CONFIG, ENV_LEARNER_GROUP, ENV_AWS_ENDPOINT_URL, ENV_AWS_REGION,
     ENV_AWS_DEFAULT_REGION, ENV_AWS_ACCESS_KEY_ID, ENV_AWS_SECRET_ACCESS_KEY, ENV_AWS_SESSION_TOKEN,
+    ENV_REPLICATION_FACTOR, ENV_MIN_INSYNC_REPLICAS,
 )
 
 _KAFKA_TOOL_VARS = (ENV_KAFKA_VERSION, ENV_KAFKA_JAVA_OPTS)
@@ -140,6 +147,29 @@ class Environment:
     @property
     def retention(self) -> str:
         return self.get(ENV_RETENTION)
+
+    def replication(self) -> tuple[int | None, int | None]:
+        """``(RLSTREAM_REPLICATION_FACTOR, RLSTREAM_MIN_INSYNC_REPLICAS)`` as positive integers,
+        None where unset; ``ValueError`` naming the variable for anything else, or for more
+        replicas in sync than there are copies."""
+        out: list[int | None] = []
+        for var in (ENV_REPLICATION_FACTOR, ENV_MIN_INSYNC_REPLICAS):
+            raw = self.get(var)
+            if not raw:
+                out.append(None)
+                continue
+            try:
+                value = int(raw)
+            except ValueError:
+                value = 0
+            if value < 1:
+                raise ValueError(f"{var} must be a positive integer, not {raw!r}")
+            out.append(value)
+        factor, insync = out
+        if factor is not None and insync is not None and insync > factor:
+            raise ValueError(f"{ENV_MIN_INSYNC_REPLICAS}={insync} is more than {ENV_REPLICATION_FACTOR}={factor}: "
+                             "no write could ever be acknowledged")
+        return factor, insync
 
     @property
     def snapshot_store(self) -> str | None:

@@ -15,7 +15,7 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 import tyro
 
 from config.algos import PRESET_CHOICES, algo_defaults, env_preset
-from config.bus import DEFAULT_LEARNER_GROUP, BusConfig, Retention
+from config.bus import DEFAULT_LEARNER_GROUP, BusConfig, Replication, Retention
 from config.env import Environment
 from config.limits import DEFAULT_CLAIM_CHECK_ABOVE
 from config.prepare import PrepareConfig
@@ -328,8 +328,12 @@ class TrainConfig:
         bus = dict(d.pop("bus"))
         # a file written before the learner's group could be named: its run used the default group
         bus.setdefault("learner_group", DEFAULT_LEARNER_GROUP)
+        # ... or its topics' replication: the broker's defaults
+        bus.setdefault("replication", {"factor": None, "min_insync": None})
         _check_fields(BusConfig, bus, skip=SECRET_FIELDS)
         bus["retention"] = {k: Retention(**v) for k, v in bus["retention"].items()}
+        _check_fields(Replication, bus["replication"])
+        bus["replication"] = Replication(**bus["replication"])
         streams = d.pop("streams")
         if streams is not None:
             _check_fields(PrepareConfig, streams)

@@ -1,21 +1,27 @@
 """Local Apache Kafka broker manager (no Docker needed).
 
 Fetches the Kafka jars from Maven Central with ``mvn``, formats a KRaft
-storage directory and runs a single-node combined broker+controller on
-127.0.0.1.  Readiness is a Kafka client's metadata request listing this broker as alive
+storage directory and runs a combined broker+controller on 127.0.0.1: a
+single-node cluster by default, or one node of an N-node cluster
+(``node_id``, ``voters``, ``cluster_id``; ``localkafka.cluster.LocalCluster``).  Readiness is a Kafka client's metadata request listing this broker as alive
 (librdkafka's admin client, or Kafka's own api-versions tool before the package's
 dependencies are installed), never a sleep.
 
 Standard library only: it must run before the package's dependencies are
 installed (``python3 -m localkafka.broker start`` from the repo root).
 
-Command line::
+Command line (``localkafka.cli``)::
 
     rlstream broker fetch   [--version V]
     rlstream broker start   [--port 9092] [--controller-port P] [--data-dir D]
-                            [--fresh] [--foreground] [--timeout 120]
-    rlstream broker stop    [--port 9092] [--data-dir D] [--timeout 30]
-    rlstream broker status  [--port 9092] [--data-dir D]
+                            [--nodes N] [--fresh] [--foreground] [--timeout 120]
+    rlstream broker stop    [--port 9092] [--data-dir D] [--nodes N] [--timeout 30]
+    rlstream broker status  [--port 9092] [--data-dir D] [--nodes N]
+
+``--nodes 3`` starts a local 3-node cluster (``localkafka.cluster.LocalCluster``): node i on
+ports ``port + 2i`` (broker) and ``port + 2i + 1`` (controller), data under
+``<cache>/kafka-<ver>/cluster-<port>``; it prints the bootstrap list. ``status`` and ``stop``
+find that cluster without ``--nodes``.
 
 Python API (used by tests)::
 
@@ -33,7 +39,6 @@ Environment: ``RLSTREAM_KAFKA_VERSION`` (default version),
 
 from __future__ import annotations
 
-import argparse
 import base64
 import contextlib
 import errno
@@ -49,7 +54,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Iterator, Mapping, NamedTuple, Sequence
 
 from config.env import Environment  # standard library only: this runs before the package is installed
 from config.limits import MAX_MESSAGE_BYTES
@@ -251,15 +256,24 @@ def server_properties(
     log_dir: Path | str,
     version: str = KAFKA_VERSION,
     node_id: int = 1,
+    voters: str | None = None,
     extra: Mapping[str, object] | None = None,
     host: str = HOST,
 ) -> dict[str, str]:
-    """Settings for a single-node combined broker+controller listening on and advertising
-    ``host`` (127.0.0.1 unless told: a simulated host's address in ``tests/support/netns.py``)."""
+    """Settings for a combined broker+controller listening on and advertising ``host``
+    (127.0.0.1 unless told: a simulated host's address in ``tests/support/netns.py``).
+
+    ``voters`` is KRaft's ``controller.quorum.voters`` of every node of the cluster
+    (``id@host:controller_port,...``); None: this node alone. The internal topics' replication
+    (consumer offsets, transaction state) and the topic defaults (``default.replication.factor``,
+    ``min.insync.replicas``) follow the number of voters: ``min(3, N)`` copies, and 2 of them
+    in sync when there are 2 or more (a single node keeps Kafka's defaults)."""
+    voters = voters or f"{node_id}@{host}:{controller_port}"
+    copies = cluster_replication(len(quorum_nodes(voters)))
     props: dict[str, object] = {
         "process.roles": "broker,controller",
         "node.id": node_id,
-        "controller.quorum.voters": f"{node_id}@{host}:{controller_port}",
+        "controller.quorum.voters": voters,
         "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}",
         "advertised.listeners": f"PLAINTEXT://{host}:{port}",
         "controller.listener.names": "CONTROLLER",
@@ -268,11 +282,11 @@ def server_properties(
         "log.dirs": str(log_dir),
         "num.partitions": 1,
         "auto.create.topics.enable": "true",
-        "offsets.topic.replication.factor": 1,
+        "offsets.topic.replication.factor": copies.factor,
         "offsets.topic.num.partitions": 1,
-        "transaction.state.log.replication.factor": 1,
+        "transaction.state.log.replication.factor": copies.factor,
         # The default (2) makes every transaction fail on one node.
-        "transaction.state.log.min.isr": 1,
+        "transaction.state.log.min.isr": copies.min_insync,
         "transaction.state.log.num.partitions": 1,
         "group.initial.rebalance.delay.ms": 0,
         # Large payloads (weights, batched trajectories) up to 16 MiB.
@@ -287,12 +301,43 @@ def server_properties(
         "broker.heartbeat.interval.ms": 500,
         "broker.session.timeout.ms": 3000,
     }
+    if copies.factor > 1:
+        props["default.replication.factor"] = copies.factor
+        props["min.insync.replicas"] = copies.min_insync
     if major_version(version) >= 4:
-        props["share.coordinator.state.topic.replication.factor"] = 1
-        props["share.coordinator.state.topic.min.isr"] = 1
+        props["share.coordinator.state.topic.replication.factor"] = copies.factor
+        props["share.coordinator.state.topic.min.isr"] = copies.min_insync
     if extra:
         props.update(extra)
     return {k: str(v) for k, v in props.items()}
+
+
+class Replication(NamedTuple):
+    """How many copies of a partition a cluster keeps, and how many must be in sync for a write
+    with ``acks=all`` to succeed."""
+
+    factor: int
+    min_insync: int
+
+
+def cluster_replication(nodes: int) -> Replication:
+    """What a cluster of ``nodes`` brokers holds: ``min(3, nodes)`` copies, ``min(2, copies)``
+    in sync (one node: 1 and 1; three or more: 3 and 2, so one broker may be lost)."""
+    factor = max(1, min(3, nodes))
+    return Replication(factor, min(2, factor))
+
+
+def quorum_nodes(voters: str) -> list[tuple[int, str, int]]:
+    """``controller.quorum.voters`` -> [(node id, host, controller port)]; BrokerError if malformed."""
+    out = []
+    for item in filter(None, (v.strip() for v in voters.split(","))):
+        m = re.fullmatch(r"(\d+)@(.+):(\d+)", item)
+        if m is None:
+            raise BrokerError(f"controller.quorum.voters entry {item!r}: expected ID@HOST:PORT")
+        out.append((int(m[1]), m[2], int(m[3])))
+    if not out:
+        raise BrokerError("controller.quorum.voters is empty")
+    return out
 
 
 def render_properties(props: Mapping[str, str]) -> str:
@@ -661,7 +706,10 @@ def _pid_cmdline(pid: int) -> list[str] | None:
 
 
 class LocalKafka:
-    """A single-node KRaft Kafka broker on 127.0.0.1 managed from Python.
+    """A KRaft Kafka node (combined broker+controller) on 127.0.0.1 managed from Python: a
+    single-node cluster by default, or node ``node_id`` of the cluster whose
+    ``controller.quorum.voters`` is ``voters``, formatted with the cluster's ``cluster_id``
+    (``localkafka.cluster.LocalCluster`` makes both for N nodes).
 
     The data dir (default ``<cache>/kafka-<ver>/data-<port>``) holds the
     formatted storage, server.properties, the pid/state files and logs; it
@@ -680,8 +728,17 @@ class LocalKafka:
         quiet: bool = False,
         env: Environment | None = None,
         host: str = HOST,
+        node_id: int = 1,
+        voters: str | None = None,
+        cluster_id: str | None = None,
     ) -> None:
+        """``node_id``, ``voters`` (every node's ``id@host:controller_port``) and ``cluster_id``
+        (one 22-character id shared by the nodes, :func:`new_cluster_id`): this node's place in
+        a cluster; by default a cluster of this node alone with a random id."""
         self.env = env or Environment.read()  # RLSTREAM_KAFKA_VERSION / _JAVA_OPTS, read once
+        self.node_id = int(node_id)
+        self.voters = voters
+        self.cluster_id = cluster_id
         self.host = host  # the address it listens on and advertises
         self.port = int(port)
         self.controller_port = int(controller_port) if controller_port else self.port + 1
@@ -751,6 +808,7 @@ class LocalKafka:
         return {
             "running": pid is not None,
             "pid": pid,
+            "node_id": self.node_id,
             "port": self.port,
             "controller_port": self.controller_port,
             "version": self.version,
@@ -773,7 +831,8 @@ class LocalKafka:
     def write_properties(self) -> Path:
         props = server_properties(
             port=self.port, controller_port=self.controller_port, log_dir=self.log_dirs,
-            version=self.version, extra=self.extra_properties, host=self.host)
+            version=self.version, node_id=self.node_id, voters=self.voters,
+            extra=self.extra_properties, host=self.host)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         _atomic_write(self.properties_path, render_properties(props))
         return self.properties_path
@@ -793,12 +852,13 @@ class LocalKafka:
         ]
 
     def format(self, java: str | None = None) -> None:
-        """``StorageTool format`` the log dir once (no-op when meta.properties exists)."""
+        """``StorageTool format`` the log dir once (no-op when meta.properties exists), with
+        the cluster's id (``cluster_id``; a new random one for a node alone)."""
         if self.is_formatted():
             return
         java = java or check_java(self.version)
         self.write_properties()
-        cid = new_cluster_id()
+        cid = self.cluster_id or new_cluster_id()
         cmd = [java, "-Xmx256m", *self._log_opts(), "-cp", str(lib_dir(self.version) / "*"),
                "kafka.tools.StorageTool", "format", "-t", cid, "-c", str(self.properties_path)]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -852,10 +912,29 @@ class LocalKafka:
         if self.is_running():
             self.wait_ready(timeout)
             return
+        t0 = time.monotonic()
+        self._launch()
+        try:
+            self.wait_ready(timeout)
+        except BrokerError:
+            self.kill()
+            raise
+        self._say(f"Kafka {self.version} ready on {self.bootstrap} (pid {self.pid}, "
+                  f"{time.monotonic() - t0:.1f}s, data {self.data_dir})")
+
+    def launch(self) -> None:
+        """Format if needed and start the node detached, without waiting for it: the nodes of a
+        cluster are launched together, since none is ready before a majority of them runs
+        (``wait_ready`` then). No-op if this data dir's node already runs."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with _file_lock(self.data_dir / ".start.lock"):
+            if not self.is_running():
+                self._launch()
+
+    def _launch(self) -> None:
         self._preflight()
         java = self._prepare()
         cmd = self._java_cmd(java, "kafka.Kafka", str(self.properties_path))
-        t0 = time.monotonic()
         with open(self.stdout_log, "ab") as out:
             out.write(f"\n===== rlstream broker start {time.strftime('%Y-%m-%dT%H:%M:%S')} "
                       f"=====\n".encode())
@@ -864,18 +943,11 @@ class LocalKafka:
                 cmd, cwd=self.data_dir, stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
         self._write_state(self._proc.pid)
-        try:
-            self.wait_ready(timeout)
-        except BrokerError:
-            self.kill()
-            raise
-        self._say(f"Kafka {self.version} ready on {self.bootstrap} (pid {self._proc.pid}, "
-                  f"{time.monotonic() - t0:.1f}s, data {self.data_dir})")
 
     def _write_state(self, pid: int) -> None:
         _atomic_write(self.pid_path, f"{pid}\n")
         state = {"pid": pid, "port": self.port, "controller_port": self.controller_port,
-                 "version": self.version, "data_dir": str(self.data_dir),
+                 "node_id": self.node_id, "version": self.version, "data_dir": str(self.data_dir),
                  "started_at": time.time()}
         _atomic_write(self.data_dir / STATE_FILE, json.dumps(state, indent=1) + "\n")
 
@@ -1004,94 +1076,7 @@ class LocalKafka:
                 f"data_dir='{self.data_dir}')")
 
 
-# --------------------------------------------------------------------------
-# CLI
+if __name__ == "__main__":  # python3 -m localkafka.broker ... (the command line is localkafka.cli's)
+    from localkafka.cli import main
 
-
-def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="rlstream broker",
-        description="Run a local single-node Apache Kafka (KRaft) broker without Docker.")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    def common(p: argparse.ArgumentParser, with_port: bool = True) -> None:
-        p.add_argument("--version", default=None,
-                       help=f"Kafka version (env RLSTREAM_KAFKA_VERSION, default {KAFKA_VERSION})")
-        if with_port:
-            p.add_argument("--port", type=int, default=DEFAULT_PORT,
-                           help=f"broker port on {HOST} (default {DEFAULT_PORT})")
-            p.add_argument("--controller-port", type=int, default=None,
-                           help="KRaft controller port (default port+1)")
-            p.add_argument("--data-dir", default=None,
-                           help="data dir (default <cache>/kafka-<ver>/data-<port>)")
-            p.add_argument("--host", default=HOST,
-                           help=f"address to listen on and advertise (default {HOST})")
-
-    p = sub.add_parser("fetch", help="download the Kafka jars with mvn (idempotent)")
-    common(p, with_port=False)
-    p = sub.add_parser("start", help="format storage if needed, start, wait until ready")
-    common(p)
-    p.add_argument("--fresh", action="store_true", help="wipe the data dir first")
-    p.add_argument("--foreground", action="store_true", help="run attached (exec java)")
-    p.add_argument("--timeout", type=float, default=DEFAULT_START_TIMEOUT,
-                   help="seconds to wait for readiness (default 120)")
-    p = sub.add_parser("stop", help="stop the broker (SIGTERM, then SIGKILL)")
-    common(p)
-    p.add_argument("--timeout", type=float, default=DEFAULT_STOP_TIMEOUT,
-                   help="seconds before SIGKILL (default 30)")
-    p = sub.add_parser("status", help="print JSON status")
-    common(p)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
-    version = args.version or default_version()
-    try:
-        if args.command == "fetch":
-            lib = fetch(version)
-            info = json.loads((lib / MARKER).read_text())
-            print(json.dumps({"version": version, "lib": str(lib), "jars": len(info["jars"]),
-                              "bytes": info["bytes"]}))
-            return 0
-        kafka = LocalKafka(port=args.port, version=version, data_dir=args.data_dir,
-                           controller_port=args.controller_port, host=args.host)
-        if args.command == "status":
-            print(json.dumps(kafka.status()))
-            return 0
-        if args.command == "stop":
-            if kafka.stop(timeout=args.timeout):
-                print(f"rlstream broker: stopped broker on {kafka.bootstrap}", file=sys.stderr)
-            else:
-                print(f"rlstream broker: no broker running from {kafka.data_dir}",
-                      file=sys.stderr)
-            return 0
-        if args.command == "start":
-            if args.fresh:
-                kafka.wipe()
-            if kafka.is_running():
-                kafka.wait_ready(args.timeout)
-                print(f"rlstream broker: already running on {kafka.bootstrap} "
-                      f"(pid {kafka.pid})", file=sys.stderr)
-                return 0
-            try:
-                if args.foreground:
-                    return kafka.run_foreground()
-                kafka.start(timeout=args.timeout)
-            except PortBusyError as exc:
-                if exc.is_kafka:
-                    print(f"rlstream broker: {exc}; using it as is", file=sys.stderr)
-                    return 0
-                raise
-            print(kafka.bootstrap)
-            return 0
-    except BrokerError as exc:
-        print(f"rlstream broker: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    return 2
-
-
-if __name__ == "__main__":
     sys.exit(main())

@@ -589,7 +589,7 @@ def cmd_prune(a: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "broker":
-        from localkafka.broker import main as broker_main
+        from localkafka.cli import main as broker_main
 
         return broker_main(argv[1:])
     a = build_parser().parse_args(argv)
@@ -598,7 +598,13 @@ def main(argv: list[str] | None = None) -> int:
                 "replay": cmd_replay, "rollback": cmd_rollback, "serve": cmd_serve, "eval": cmd_eval,
                 "verify": cmd_time_travel, "fork": cmd_time_travel, "lineage": cmd_time_travel,
                 "validate": cmd_validate, "prune": cmd_prune}
-    return handlers[a.command](a)
+    from streams.bus.base import ReplicationError
+
+    try:
+        return handlers[a.command](a)
+    except ReplicationError as e:  # a setting to fix, not a fault: say so without a traceback
+        print(f"rlstream {a.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -175,7 +175,8 @@ def build_prepare_worker(cfg: TrainConfig, events: EventBus, metrics: Metrics | 
 
 def streams_bus(settings: StreamsSettings, client_id: str) -> Bus:
     """A Kafka bus of a streams worker, in its namespace (no topic created)."""
-    bus = BusConfig(kind="kafka", bootstrap=settings.brokers, security=dict(settings.client_config))
+    bus = BusConfig(kind="kafka", bootstrap=settings.brokers, replication=settings.replication,
+                    security=dict(settings.client_config))
     return in_namespace(kafka_bus(bus, client_id), settings.namespace.name)
 
 

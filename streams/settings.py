@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from config import Environment, PrepareConfig, TrainConfig, read_config
+from config.bus import Replication
 from config.limits import DEFAULT_BOOTSTRAP
 from streams.topics import LEGACY, STREAMS_GROUP, Namespace
 
@@ -36,6 +37,9 @@ class StreamsSettings:
     """Run namespace of the topics read and written (``RLSTREAM_NAMESPACE``)."""
     topic_partitions: int = 1
     """Partitions of topics Faust creates when they do not exist."""
+    replication: Replication = field(default_factory=Replication)
+    """Copies of the topics the worker creates (its changelogs too) and how many in sync
+    (``RLSTREAM_REPLICATION_FACTOR``, ``RLSTREAM_MIN_INSYNC_REPLICAS``; the run's bus setting)."""
     web_port: int = DEFAULT_WEB_PORT
     """Port of the worker's web server (``/metrics``); ``faust worker --web-port`` overrides."""
     tick_interval_s: float = 0.1
@@ -77,8 +81,9 @@ class StreamsSettings:
     def from_environment(cls, env: Environment, default_port: int = DEFAULT_WEB_PORT) -> "StreamsSettings":
         """From the run config file ``RLSTREAM_CONFIG`` names if set (``from_train_config``), else
         from ``KAFKA_BROKERS``, ``RLSTREAM_NAMESPACE``, ``RLSTREAM_ALGO``, ``RLSTREAM_STALENESS_*``,
-        ``RLSTREAM_REORDER_TIMEOUT_MS``, ``RLSTREAM_POLICY_ID``, ``REDIS_URL`` and
-        ``RLSTREAM_BLOB_CACHE``. ``ValueError`` names a bad value."""
+        ``RLSTREAM_REORDER_TIMEOUT_MS``, ``RLSTREAM_POLICY_ID``, ``REDIS_URL``,
+        ``RLSTREAM_BLOB_CACHE`` and ``RLSTREAM_REPLICATION_FACTOR``/``_MIN_INSYNC_REPLICAS``.
+        ``ValueError`` names a bad value."""
         from config.train import cache_dir_of
 
         port = env.metrics_port(default_port)
@@ -89,7 +94,7 @@ class StreamsSettings:
             return cls.from_train_config(read_config(env.config_path, env), **common)
         ns = Namespace(env.namespace or "")
         return cls(brokers=env.kafka_brokers or DEFAULT_BOOTSTRAP, app_id=ns.group(STREAMS_GROUP), namespace=ns,
-                   prepare=prepare_config_of(env),
+                   prepare=prepare_config_of(env), replication=Replication(*env.replication()),
                    redis_url=env.redis_url, client_config=env.kafka_security(),
                    blob_cache=cache_dir_of(env.blob_cache),
                    **common)
@@ -100,7 +105,8 @@ class StreamsSettings:
         and torch threads."""
         ns = Namespace(cfg.bus.namespace)
         fields = {"brokers": cfg.bus.bootstrap, "app_id": ns.group(STREAMS_GROUP), "namespace": ns,
-                  "topic_partitions": cfg.bus.partitions, "prepare": cfg.prepare_config(),
+                  "topic_partitions": cfg.bus.partitions, "replication": cfg.bus.replication,
+                  "prepare": cfg.prepare_config(),
                   "torch_threads": cfg.torch_threads or 1, "redis_url": cfg.redis(),
                   "blob_cache": cfg.blob_cache_dir(), "run_dir": str(cfg.run_dir), "run_config": cfg,
                   "client_config": dict(cfg.bus.security)}

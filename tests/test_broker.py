@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from localkafka import broker
+from localkafka.cli import main
 from tests.support import free_port
 from localkafka.broker import (
     LocalKafka,
     PortBusyError,
-    main,
     probe,
     render_log4j,
     render_pom,

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from config.bus import BusConfig
-from streams.bus.base import Bus, BusError, Consumer, Record, RecordTooLargeError, StartAt
+from streams.bus.base import Bus, BusError, Consumer, Record, RecordTooLargeError, ReplicationError, StartAt
 
-__all__ = ["Bus", "BusError", "Consumer", "Record", "RecordTooLargeError", "StartAt", "kafka_bus", "make_bus",
+__all__ = ["Bus", "BusError", "Consumer", "Record", "RecordTooLargeError", "ReplicationError", "StartAt", "kafka_bus", "make_bus",
            "in_namespace", "open_bus"]
 
 
@@ -24,8 +24,11 @@ def make_bus(kind: str = "memory", **options) -> Bus:
 
 
 def kafka_bus(cfg: BusConfig, client_id: str = "rlstream") -> Bus:
-    """A Kafka bus on ``cfg``'s brokers with its client security settings (not namespaced)."""
-    return make_bus("kafka", bootstrap=cfg.bootstrap, config=dict(cfg.security), client_id=client_id)
+    """A Kafka bus on ``cfg``'s brokers with its client security settings and the replication of
+    the topics it creates (not namespaced)."""
+    return make_bus("kafka", bootstrap=cfg.bootstrap, config=dict(cfg.security), client_id=client_id,
+                    replication_factor=cfg.replication.factor or -1,
+                    min_insync_replicas=cfg.replication.min_insync)
 
 
 def in_namespace(bus: Bus, namespace: str) -> Bus:

@@ -26,6 +26,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Union
 
+from config.env import ENV_REPLICATION_FACTOR
+
 StartAt = Union[str, dict]  # "earliest" | "latest" | {(topic, partition): offset} | {topic: offset}
 TP = tuple[str, int]
 
@@ -41,6 +43,19 @@ class RecordTooLargeError(BusError):
 class BusAuthenticationError(BusError):
     """The broker refused this client's credentials (SASL / SSL): a setting to fix, not a
     fault to wait out."""
+
+
+class ReplicationError(BusError):
+    """Topics were to be made with more copies than the cluster has brokers: refused before the
+    broker is asked, naming the setting, the factor and the broker count."""
+
+    def __init__(self, factor: int, brokers: int, bootstrap: str, topics: list[str]) -> None:
+        super().__init__(
+            f"{ENV_REPLICATION_FACTOR}={factor} asks for {factor} copies of every topic, but the Kafka "
+            f"cluster at {bootstrap} has {brokers} broker{'s' if brokers != 1 else ''} alive: cannot create "
+            f"{', '.join(topics)}. Start a cluster of at least {factor} brokers (rlstream broker start "
+            f"--nodes {factor}), or set {ENV_REPLICATION_FACTOR}={brokers} (docs/deploy.md)")
+        self.factor, self.brokers, self.topics = factor, brokers, topics
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,8 @@
 How the memory semantics (``streams.bus.base``) map onto Kafka:
 
 - producer: idempotent (``enable.idempotence``, ``acks=all``), so retries never duplicate or
-  reorder a partition. Delivery failures are collected by the delivery callback and raised
+  reorder a partition, and a write is acknowledged once every in-sync replica has it (at least
+  the topic's ``min.insync.replicas``: a broker lost after the acknowledgement loses nothing). Delivery failures are collected by the delivery callback and raised
   by the next ``flush`` (``RecordTooLargeError`` for oversize records); ``delivery_failures``
   counts them all. A record over the client's ``message.max.bytes`` fails at ``produce``.
 - partitioner ``murmur2_random``: the Java/aiokafka default, so the Faust app and this bus
@@ -26,6 +27,10 @@ How the memory semantics (``streams.bus.base``) map onto Kafka:
   (``UNKNOWN_MEMBER_ID``/``ILLEGAL_GENERATION`` after a rebalance or a broker restart) is
   dropped with a warning (``commit_failures`` counts both): the records are redelivered, at
   least once, as after a crash. Other commit errors raise ``BusError``.
+- topics are created with ``replication_factor`` copies and ``min.insync.replicas`` (the
+  run's ``config.bus.Replication``: ``RLSTREAM_REPLICATION_FACTOR``,
+  ``RLSTREAM_MIN_INSYNC_REPLICAS``); a factor above the number of brokers alive is refused with
+  ``ReplicationError`` before any topic is asked for.
 - admin, metadata and offset calls retry the errors of a settling cluster (no leader elected yet
   after a create, a coordinator loading, leadership moving, a request timed out; ``RETRIABLE``)
   until their deadline (``retrying``); ``create_topics`` returns once every partition has a leader.
@@ -76,6 +81,7 @@ from streams.bus.base import (
     Consumer,
     Record,
     RecordTooLargeError,
+    ReplicationError,
     StartAt,
     explicit_offset,
     normalise_start,
@@ -297,8 +303,11 @@ class KafkaBus(Bus):
         replication_factor: int = -1,
         produce_timeout: float = 30.0,
         outage_wait: float = OUTAGE_WAIT_S,
+        min_insync_replicas: int | None = None,
     ) -> None:
-        """``replication_factor`` -1 takes the broker's default; ``auto_create`` creates a topic
+        """``replication_factor`` -1 takes the broker's default, and ``min_insync_replicas``
+        None the broker's ``min.insync.replicas``, for the topics this bus creates (a topic spec's
+        own ``min.insync.replicas`` wins); ``auto_create`` creates a topic
         met in produce/consume that does not exist (its ``streams.topics`` spec, else 1
         partition), as memory does; ``produce_timeout`` bounds waiting on a full local queue;
         ``outage_wait``: how much longer ``flush`` waits while the broker is unreachable."""
@@ -306,6 +315,7 @@ class KafkaBus(Bus):
         self.client_id = client_id
         self.auto_create = auto_create
         self.replication_factor = replication_factor
+        self.min_insync_replicas = min_insync_replicas
         self.produce_timeout = produce_timeout
         self.outage_wait = outage_wait
         self.common = {"bootstrap.servers": self.bootstrap, "client.id": client_id, "logger": _RD_LOGGER,
@@ -405,9 +415,13 @@ class KafkaBus(Bus):
             config = {k: str(v) for k, v in s.config.items()}
             if s.compacted:
                 config.setdefault("cleanup.policy", "compact")
+            if self.min_insync_replicas is not None:
+                config.setdefault("min.insync.replicas", str(self.min_insync_replicas))
             new.append(NewTopic(s.name, num_partitions=max(1, s.partitions),
                                 replication_factor=self.replication_factor, config=config))
         pending = {t.topic: t for t in new}
+        if self.replication_factor > 1:
+            self._check_replication([s.name for s in specs], timeout)
 
         def attempt(left: float) -> KafkaError | None:
             retry = None
@@ -430,6 +444,17 @@ class KafkaBus(Bus):
         retrying(f"cannot create topics {sorted(pending)}", attempt, timeout, on_retry=self.check_auth)
         self._auth_ok()
         self._wait_topics({s.name: max(1, s.partitions) for s in specs}, timeout)
+
+    def _check_replication(self, names: list[str], timeout: float) -> None:
+        """Raise ``ReplicationError`` if a topic of ``names`` does not exist yet and the cluster
+        has fewer brokers alive than ``replication_factor`` (topics that exist are left alone: a
+        role restarting while one broker is down carries on)."""
+        md = retrying("cannot read the cluster's metadata",
+                      lambda left: self._admin.list_topics(timeout=max(left, 1.0)), timeout,
+                      on_retry=self.check_auth)
+        missing = [n for n in names if n not in md.topics or md.topics[n].error is not None]
+        if missing and len(md.brokers) < self.replication_factor:
+            raise ReplicationError(self.replication_factor, len(md.brokers), self.bootstrap, missing)
 
     def add_partitions(self, topic: str, total: int, timeout: float = 30.0) -> None:
         """Grow ``topic`` to ``total`` partitions (Kafka cannot shrink one). Keys hash to new

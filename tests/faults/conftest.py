@@ -33,9 +33,11 @@ import pytest
 from streams.topics import (
     DEADLETTER,
     LEARNER_STEPS,
+    LEGACY,
     POLICY_VERSIONS,
     SAMPLES_PREPARED,
     SAMPLES_RAW,
+    Namespace,
 )
 from tests.support import Role, free_ports, http_json, wait_for
 from tests.support.kafka import committed
@@ -274,8 +276,11 @@ class Ledger:
     versions: list = field(default_factory=list)  # PolicyVersion, in log order
     dead: list = field(default_factory=list)  # DeadLetter
 
+    placed: dict = field(default_factory=dict)  # batch_id -> (partition, offset) of its first PreparedBatch
+
     @classmethod
-    def read(cls, bootstrap: str) -> Ledger:
+    def read(cls, bootstrap: str, namespace: Namespace = LEGACY) -> Ledger:
+        """The run's topics (in ``namespace``), read from the start."""
         from schemas.codec import Codec
         from streams.bus.kafka import KafkaBus
 
@@ -285,7 +290,11 @@ class Ledger:
             for topic, into in ((SAMPLES_RAW, out.raw), (SAMPLES_PREPARED, out.prepared),
                                 (LEARNER_STEPS, out.steps), (POLICY_VERSIONS, out.versions),
                                 (DEADLETTER, out.dead)):
-                into.extend(codec.decode(r.value) for r in bus.read_all(topic))
+                for r in bus.read_all(namespace.topic(topic)):
+                    event = codec.decode(r.value)
+                    into.append(event)
+                    if topic == SAMPLES_PREPARED:
+                        out.placed.setdefault(event.sample.batch_id, (r.partition, r.offset))
         return out
 
     @property

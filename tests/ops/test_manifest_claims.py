@@ -2,7 +2,8 @@
 the learner resumes from state that outlives its container; a GPU is requested only with the GPU
 image and ``--device cuda``; the Prometheus the KEDA trigger queries is deployed and scrapes every
 role; the deployment guide's labels and consumer group exist; the learner tolerates preemption;
-every artefact has a documented lifecycle and run directories are pruned."""
+every artefact has a documented lifecycle and run directories are pruned; every role that talks to
+Kafka creates its topics at the replication the ConfigMap sets (issue 24, part 1)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from config.env import ENV_LEARNER_GROUP
+from config.bus import BusConfig, Replication
+from config.env import ENV_KAFKA_BROKERS, ENV_LEARNER_GROUP, Environment
 from runtime.ports import DEFAULT_PORTS
 from runtime.prune import DEFAULT_OLDER_THAN
 from streams.topics import TOPICS
@@ -181,6 +183,40 @@ def test_the_guides_labels_and_consumer_group(docs, compose) -> None:
         env = {e["name"]: e for e in container(deps[role])["env"]}
         assert env[ENV_LEARNER_GROUP]["valueFrom"]["configMapKeyRef"]["key"] == ENV_LEARNER_GROUP, role
     assert compose["x-rlstream-env"][ENV_LEARNER_GROUP] == GUIDE_GROUP
+
+
+# -- replication ----------------------------------------------------------------------------------
+
+def pod_env(c: dict[str, Any], cm: dict[str, str]) -> dict[str, str]:
+    """A container's environment as the kubelet gives it: values, and ConfigMap keys resolved."""
+    out = {}
+    for e in c.get("env", []):
+        ref = e.get("valueFrom", {}).get("configMapKeyRef")
+        if ref is None:
+            out[e["name"]] = e["value"]
+        elif ref["name"] == "rlstream-config":
+            out[e["name"]] = cm[ref["key"]]
+    return out
+
+
+def test_every_kafka_role_creates_its_topics_at_replication_3_with_2_in_sync(docs) -> None:
+    """The one setting (``RLSTREAM_REPLICATION_FACTOR``, ``RLSTREAM_MIN_INSYNC_REPLICAS``) in the
+    ConfigMap reaches each role that talks to Kafka, read by the code the role runs: ``BusConfig``
+    for the rlstream commands, ``StreamsSettings`` for the Faust worker."""
+    from streams.settings import StreamsSettings
+
+    cm = config_map(docs)["data"]
+    seen = {}
+    for role, dep in deployments(docs).items():
+        env = pod_env(container(dep), cm)
+        if ENV_KAFKA_BROKERS not in env:
+            continue
+        environment = Environment(env)
+        settings = (StreamsSettings.from_environment(environment).replication if role == "streams"
+                    else BusConfig.from_environment(environment).replication)
+        seen[role] = (settings.factor, settings.min_insync)
+    assert seen == {role: (3, 2) for role in ("actor", "learner", "streams", "serve")}, seen
+    assert Replication(3, 2).topic_config() == {"min.insync.replicas": "2"}
 
 
 # -- preemption -----------------------------------------------------------------------------------

@@ -7,8 +7,12 @@ on these machines, so this is the closest honest check that the manifests start 
 
 What is changed, and only that, is what a container has and a process here does not:
 service host names become the local broker and Redis (on free ports), a volume's mount path
-becomes a directory under tmp, each metrics port a free port (roles share this host), and
-``--device cuda`` becomes ``cpu`` when torch sees no GPU. Every process runs in its own
+becomes a directory under tmp, each metrics port a free port (roles share this host),
+``--device cuda`` becomes ``cpu`` when torch sees no GPU, and the ConfigMap's
+``RLSTREAM_REPLICATION_FACTOR`` "3" and ``RLSTREAM_MIN_INSYNC_REPLICAS`` "2" become "1": the roles
+run against a single local broker here, where a factor of 3 is refused by design
+(``ReplicationError``; ``tests/ops/test_manifest_claims.py`` checks that every Kafka role gets 3 and 2,
+``tests/faults/test_cluster_faults.py`` runs them on a 3-broker cluster). Every process runs in its own
 session; the whole group is killed, pass or fail."""
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+from config.env import ENV_MIN_INSYNC_REPLICAS, ENV_REPLICATION_FACTOR
 from tests.faults.conftest import private_kafka  # noqa: F401 (fixture)
 from tests.support import Role, wait_for
 from tests.support.ports import free_port
@@ -32,6 +37,8 @@ from .test_manifests import COMPOSE, K8S, ROOT, config_map, load_yaml_docs, role
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow]
 
 VENV_BIN = str(Path(sys.executable).parent)
+#: The ConfigMap's replication, overridden for the single local broker these commands run against.
+SINGLE_BROKER = {ENV_REPLICATION_FACTOR: "1", ENV_MIN_INSYNC_REPLICAS: "1"}
 
 
 def cuda() -> bool:
@@ -166,7 +173,8 @@ def test_every_container_command_starts_and_is_healthy(source, private_kafka, re
     redis_hostport = redis_url.split("//", 1)[1].split("/", 1)[0]
     if source == "k8s":
         docs = [d for p in sorted(K8S.glob("*.yaml")) for d in load_yaml_docs(p) if d["kind"] != "Kustomization"]
-        cm = config_map(docs)["data"]
+        # one broker here: the cluster's replication cannot be held (see the module docstring)
+        cm = {**config_map(docs)["data"], **SINGLE_BROKER}
         local = {"rlstream-kafka-bootstrap.kafka.svc.cluster.local:9092": private_kafka.bootstrap,
                  "redis.rlstream.svc.cluster.local:6379": redis_hostport, "prefix=rlstream:snapshots":
                  f"prefix={redis_prefix}:snapshots"}

@@ -1,0 +1,158 @@
+"""The command line of the local Kafka manager: ``rlstream broker`` and ``python3 -m
+localkafka.broker`` (fetch, start, stop, status of one node or, with ``--nodes N``, a local
+cluster; see ``localkafka.broker`` and ``localkafka.cluster``). Standard library only."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from localkafka import cluster as lc
+from localkafka.broker import (
+    DEFAULT_PORT,
+    DEFAULT_START_TIMEOUT,
+    DEFAULT_STOP_TIMEOUT,
+    HOST,
+    KAFKA_VERSION,
+    MARKER,
+    BrokerError,
+    LocalKafka,
+    PortBusyError,
+    default_version,
+    fetch,
+)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rlstream broker",
+        description="Run a local Apache Kafka (KRaft) broker, or an N-node cluster, without Docker.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser, with_port: bool = True) -> None:
+        p.add_argument("--version", default=None,
+                       help=f"Kafka version (env RLSTREAM_KAFKA_VERSION, default {KAFKA_VERSION})")
+        if with_port:
+            p.add_argument("--port", type=int, default=DEFAULT_PORT,
+                           help=f"broker port on {HOST} (default {DEFAULT_PORT})")
+            p.add_argument("--controller-port", type=int, default=None,
+                           help="KRaft controller port (default port+1)")
+            p.add_argument("--data-dir", default=None,
+                           help="data dir (default <cache>/kafka-<ver>/data-<port>)")
+            p.add_argument("--host", default=HOST,
+                           help=f"address to listen on and advertise (default {HOST})")
+            p.add_argument("--nodes", type=int, default=None,
+                           help="nodes of a local KRaft cluster (default 1; status/stop find a "
+                                "cluster started with --nodes by themselves)")
+
+    p = sub.add_parser("fetch", help="download the Kafka jars with mvn (idempotent)")
+    common(p, with_port=False)
+    p = sub.add_parser("start", help="format storage if needed, start, wait until ready")
+    common(p)
+    p.add_argument("--fresh", action="store_true", help="wipe the data dir first")
+    p.add_argument("--foreground", action="store_true", help="run attached (exec java)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_START_TIMEOUT,
+                   help="seconds to wait for readiness (default 120)")
+    p = sub.add_parser("stop", help="stop the broker (SIGTERM, then SIGKILL)")
+    common(p)
+    p.add_argument("--timeout", type=float, default=DEFAULT_STOP_TIMEOUT,
+                   help="seconds before SIGKILL (default 30)")
+    p = sub.add_parser("status", help="print JSON status")
+    common(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    version = args.version or default_version()
+    try:
+        if args.command == "fetch":
+            lib = fetch(version)
+            info = json.loads((lib / MARKER).read_text())
+            print(json.dumps({"version": version, "lib": str(lib), "jars": len(info["jars"]),
+                              "bytes": info["bytes"]}))
+            return 0
+        cluster = _cluster_of(args, version)
+        if cluster is not None:
+            return _cluster_command(args, cluster)
+        kafka = LocalKafka(port=args.port, version=version, data_dir=args.data_dir,
+                           controller_port=args.controller_port, host=args.host)
+        if args.command == "status":
+            print(json.dumps(kafka.status()))
+            return 0
+        if args.command == "stop":
+            if kafka.stop(timeout=args.timeout):
+                print(f"rlstream broker: stopped broker on {kafka.bootstrap}", file=sys.stderr)
+            else:
+                print(f"rlstream broker: no broker running from {kafka.data_dir}",
+                      file=sys.stderr)
+            return 0
+        if args.command == "start":
+            if args.fresh:
+                kafka.wipe()
+            if kafka.is_running():
+                kafka.wait_ready(args.timeout)
+                print(f"rlstream broker: already running on {kafka.bootstrap} "
+                      f"(pid {kafka.pid})", file=sys.stderr)
+                return 0
+            try:
+                if args.foreground:
+                    return kafka.run_foreground()
+                kafka.start(timeout=args.timeout)
+            except PortBusyError as exc:
+                if exc.is_kafka:
+                    print(f"rlstream broker: {exc}; using it as is", file=sys.stderr)
+                    return 0
+                raise
+            print(kafka.bootstrap)
+            return 0
+    except BrokerError as exc:
+        print(f"rlstream broker: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+def _cluster_of(args: argparse.Namespace, version: str):
+    """The ``LocalCluster`` a start/stop/status command means: ``--nodes`` > 1, or (stop,
+    status without ``--nodes``) a cluster whose ``cluster.json`` is in the data dir. None: the
+    single node."""
+    nodes = args.nodes
+    if nodes is not None and nodes < 1:
+        raise BrokerError(f"--nodes {nodes}: a cluster needs at least one node")
+    data_dir = Path(args.data_dir).expanduser() if args.data_dir else lc.default_data_dir(args.port, version)
+    if nodes is None and args.command in ("stop", "status") and (data_dir / lc.CLUSTER_FILE).is_file():
+        return lc.LocalCluster.open(data_dir, version=version)
+    if nodes is None or nodes == 1:
+        return None
+    if args.controller_port is not None:
+        raise BrokerError("--controller-port applies to one node; a cluster's node i uses port+2i and port+2i+1")
+    if args.command == "start" and args.fresh:
+        if (data_dir / lc.CLUSTER_FILE).is_file():
+            lc.LocalCluster.open(data_dir, version=version, quiet=True).wipe()  # stops it first
+        shutil.rmtree(data_dir, ignore_errors=True)
+    return lc.LocalCluster(nodes, port=args.port, data_dir=data_dir, version=version, host=args.host)
+
+
+def _cluster_command(args: argparse.Namespace, cluster) -> int:
+    if args.command == "status":
+        print(json.dumps(cluster.status()))
+        return 0
+    if args.command == "stop":
+        stopped = cluster.stop_all(timeout=args.timeout)
+        print(f"rlstream broker: stopped nodes {stopped} of {cluster.bootstrap}" if stopped
+              else f"rlstream broker: no node running from {cluster.data_dir}", file=sys.stderr)
+        return 0
+    if args.foreground:
+        raise BrokerError("--foreground runs one node; start a cluster without it")
+    cluster.start(timeout=args.timeout)
+    print(cluster.bootstrap)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
