@@ -135,6 +135,7 @@ def one(peer: str, env_id: str, steps: int, seed: int, cleanrl_python: str) -> d
     rets = out.pop("returns")
     out["sps"] = out["steps"] / out["wall_s"]
     out["cpu_sps"] = out["steps"] / out["cpu_s"] if out["cpu_s"] else None
+    out["cores"] = out["cpu_s"] / out["wall_s"] if out["cpu_s"] else None  # > 1: the run used cores in parallel
     out["episodes"] = len(rets)
     out["return_last10"] = float(np.mean(rets[-10:])) if rets else None
     return out
