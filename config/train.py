@@ -216,7 +216,8 @@ class TrainConfig:
     version after the one that collected it (policy lag 1, reported as such). Allowed for the
     algorithms that correct a lagged behaviour policy (``config.algos.ALGO_DEFAULTS``' ``overlap``
     column): PPO then trains as decoupled PPO (``decoupled=true``: clip anchored at the learner's
-    policy, truncated pi/mu weights); AGRO and TBA as they are. Off: strict alternation, lag 0."""
+    policy, truncated pi/mu weights); AGRO and TBA as they are. Off: strict alternation, lag 0.
+    Not faster on CPython today: the two threads take turns on the GIL (docs/benchmarks.md)."""
     stream_workers: int = 1
     """Decoupled: Faust workers ``rlstream train --mode decoupled`` starts in the streams group
     (they split the partitions of rl.samples.raw, ``--partitions``)."""

@@ -12,9 +12,12 @@ which the learner trains in the next round at v+1. Every fragment after the firs
 stale (lag 1), and the run's lag figures say so: the progress lines' and the summary's
 ``policy_lag`` (the learner's version when a fragment is counted, after the round's update, minus
 the fragment's) and the stream processor's ``lag_versions``. The algorithm corrects for it
-(``config.algos``: PPO as decoupled PPO). The actors' numpy sampler, MuJoCo and torch's kernels
-release the GIL for part of their work, so on two cores collection and update run partly in
-parallel; the learner gets one torch thread unless ``torch_threads`` says otherwise.
+(``config.algos``: PPO as decoupled PPO). The learner gets one torch thread unless
+``torch_threads`` says otherwise. The two threads share CPython's GIL, and with the actors' loop
+(Gymnasium, the numpy sampler) and PPO's small-tensor update both holding it nearly all the time
+they run in turn, not at once: on HalfCheetah the option measured slower than strict alternation
+(docs/benchmarks.md, "Overlap"). It pays only once one side runs outside the GIL (an actor process,
+a free-threaded Python); the rounds, the pinned adoption and the lag reporting would stay.
 """
 
 from __future__ import annotations
