@@ -104,11 +104,19 @@ class Actor:
         self._ep_len[:] = 0
         return np.asarray(obs, dtype=np.float32)
 
-    def step(self, policy_timeout: float = 0.0) -> SampleBatch | None:
+    def adopt(self, timeout: float = 0.0) -> bool:
+        """Adopt the newest policy version that arrived (waiting up to ``timeout`` for one); True
+        if one was. ``step`` does it itself unless ``pinned``."""
+        return self.subscriber.poll(timeout)
+
+    def step(self, policy_timeout: float = 0.0, pinned: bool = False) -> SampleBatch | None:
         """Adopt a newer policy if any (waiting up to ``policy_timeout`` for the first one),
         collect one fragment and publish it (None: no policy yet, or the flow holds the actor
-        back). The role protocol's step (``runtime.roles.Role``)."""
-        self.subscriber.poll(policy_timeout if self.subscriber.policy is None else 0.0)
+        back). The role protocol's step (``runtime.roles.Role``). ``pinned``: act with the
+        version adopted already (co-located ``--overlap`` adopts between rounds, with ``adopt``,
+        so a fragment's version never depends on when the learner's thread publishes)."""
+        if not pinned or self.subscriber.policy is None:
+            self.subscriber.poll(policy_timeout if self.subscriber.policy is None else 0.0)
         if self.subscriber.policy is None:
             return None
         flow = self.flow

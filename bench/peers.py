@@ -18,9 +18,14 @@ Peers (installed with ``pip install -e .[bench]``; this script installs nothing)
   ``-v5`` tasks, so a table with CleanRL in it runs every peer on ``HalfCheetah-v4``. Its SPS is
   the figure the script prints (timed around its training loop, as ours are); its process CPU
   time includes start-up, so no CPU ratio is drawn against it;
-- ``rlstream``: ``rlstream train --mode colocated`` (``run_colocated``).
+- ``rlstream``: ``rlstream train --mode colocated`` (``run_colocated``);
+- ``rlstream-overlap``: the same with ``--overlap`` (the actors collect the next fragment in a
+  second thread while the learner updates; PPO then trains as decoupled PPO on one-version-stale
+  fragments). Its row adds the run's policy lag and where the overlapped rounds spent their time,
+  and the JSON's ratios set it against ``rlstream`` (strict PPO) for SPS and return.
 
     python bench/peers.py --steps 20480 --seeds 1 2 3
+    python bench/peers.py --steps 100000 --seeds 1 2 3 --peers rlstream rlstream-overlap
     python bench/peers.py --env HalfCheetah-v4 --cleanrl-python .venv-cleanrl/bin/python --seeds 1 2 3
 """
 
@@ -44,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-PEERS = ("sb3", "cleanrl", "rlstream")
+PEERS = ("sb3", "cleanrl", "rlstream", "rlstream-overlap")
 LR, GAMMA, LAM, CLIP = 3e-4, 0.99, 0.95, 0.2
 
 
@@ -100,16 +105,19 @@ def run_cleanrl(env_id: str, steps: int, seed: int, python: str) -> dict:
             "process_cpu_s": cpu, "returns": rets}
 
 
-def run_rlstream(env_id: str, steps: int, seed: int) -> dict:
+def run_rlstream(env_id: str, steps: int, seed: int, overlap: bool = False) -> dict:
     from rlstream.colocated import run_colocated
     from config import TrainConfig
 
     with tempfile.TemporaryDirectory() as d:
         cfg = TrainConfig(env_id=env_id, total_steps=steps, seed=seed, run_dir=Path(d), log_every_s=1e9,
-                          snapshot_every=0)
+                          snapshot_every=0, overlap=overlap)
         summary, wall, cpu = _timed(lambda: run_colocated(cfg))
         curve = json.loads((Path(d) / "curve.json").read_text())
-    return {"steps": int(summary["steps"]), "wall_s": wall, "cpu_s": cpu, "returns": curve["returns"]}
+    out = {"steps": int(summary["steps"]), "wall_s": wall, "cpu_s": cpu, "returns": curve["returns"]}
+    if overlap:
+        out.update(policy_lag=summary["policy_lag"], overlap=summary["overlap"])
+    return out
 
 
 def one(peer: str, env_id: str, steps: int, seed: int, cleanrl_python: str) -> dict:
@@ -117,7 +125,7 @@ def one(peer: str, env_id: str, steps: int, seed: int, cleanrl_python: str) -> d
 
     torch.set_num_threads(1)
     run = {"sb3": run_sb3, "cleanrl": functools.partial(run_cleanrl, python=cleanrl_python),
-           "rlstream": run_rlstream}[peer]
+           "rlstream": run_rlstream, "rlstream-overlap": functools.partial(run_rlstream, overlap=True)}[peer]
     try:
         out = run(env_id, steps, seed)
     except ImportError as e:
@@ -127,6 +135,7 @@ def one(peer: str, env_id: str, steps: int, seed: int, cleanrl_python: str) -> d
     rets = out.pop("returns")
     out["sps"] = out["steps"] / out["wall_s"]
     out["cpu_sps"] = out["steps"] / out["cpu_s"] if out["cpu_s"] else None
+    out["cores"] = out["cpu_s"] / out["wall_s"] if out["cpu_s"] else None  # > 1: the run used cores in parallel
     out["episodes"] = len(rets)
     out["return_last10"] = float(np.mean(rets[-10:])) if rets else None
     return out
@@ -169,12 +178,19 @@ def main() -> None:
     ours = summary.get("rlstream", {})
     ratios = {}
     for peer in args.peers:
-        if peer != "rlstream" and "unavailable" not in summary[peer] and ours.get("sps"):
+        if peer not in ("rlstream", "rlstream-overlap") and "unavailable" not in summary[peer] and ours.get("sps"):
             ratios[f"rlstream_over_{peer}_sps"] = round(ours["sps"] / summary[peer]["sps"], 3)
             if ours.get("cpu_sps") and summary[peer].get("cpu_sps"):
                 ratios[f"rlstream_over_{peer}_cpu_sps"] = round(ours["cpu_sps"] / summary[peer]["cpu_sps"], 3)
             if ours.get("return_last10") is not None and summary[peer]["return_last10"] is not None:
                 ratios[f"rlstream_minus_{peer}_return"] = round(ours["return_last10"] - summary[peer]["return_last10"], 1)
+    ov = summary.get("rlstream-overlap", {})
+    if ours.get("sps") and ov.get("sps"):  # overlap against strict PPO, same run, interleaved per seed
+        ratios["overlap_over_strict_sps"] = round(ov["sps"] / ours["sps"], 3)
+        if ours.get("cpu_sps") and ov.get("cpu_sps"):
+            ratios["overlap_over_strict_cpu_sps"] = round(ov["cpu_sps"] / ours["cpu_sps"], 3)
+        if ours.get("return_last10") is not None and ov.get("return_last10") is not None:
+            ratios["overlap_minus_strict_return"] = round(ov["return_last10"] - ours["return_last10"], 1)
     import torch
 
     versions = {}

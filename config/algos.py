@@ -38,6 +38,11 @@ class AlgoDefaults:
     fragment_steps: int | None = None
     """Steps per env per SampleBatch; None: ``train_batch_size // (num_envs * num_actors)``, or in
     group mode the env's episode horizon (``max_episode_steps``)."""
+    overlap: dict[str, Any] | None = None
+    """Co-located ``--overlap`` (actors collect the next fragment while the learner updates, so
+    each fragment is trained one version after the one that collected it): the algorithm fields
+    that correct for that lag, set by the option; None: the algorithm has no correction for a
+    lagged behaviour policy, and the option is refused."""
 
     def prepare(self) -> dict[str, Any]:
         """The ``PrepareConfig`` fields of this row."""
@@ -54,17 +59,21 @@ class AlgoDefaults:
 #: Staleness windows are starting points, not tuned: on-policy methods drop stale data early,
 #: off-policy-tolerant ones keep it at a lower weight; DPO learns from replayed preferences (the
 #: reference, not the version, anchors its loss), so nothing is ever stale for it.
+#: ``overlap``: PPO trains a one-version-stale fragment as decoupled PPO (clip anchored at the
+#: learner's policy, V-trace's truncated pi/mu weights); AGRO and TBA correct stale data as they
+#: are; GRPO and DAPO clip around the behaviour policy with no correction for a lagged one.
 ALGO_DEFAULTS: dict[str, AlgoDefaults] = {
     "ppo": AlgoDefaults(on_policy=True, num_envs=1, group_size=0, train_batch_size=2048,
-                        max_versions=4, max_ms=60_000),
+                        max_versions=4, max_ms=60_000, overlap={"decoupled": True}),
     "grpo": AlgoDefaults(on_policy=True, num_envs=8, group_size=8, train_batch_size=512,
                          max_versions=1, max_ms=60_000),
     "dapo": AlgoDefaults(on_policy=True, num_envs=8, group_size=8, train_batch_size=512,
                          max_versions=1, max_ms=60_000),
     "agro": AlgoDefaults(on_policy=False, num_envs=1, group_size=0, train_batch_size=2048,
-                         max_versions=4, max_ms=120_000, staleness_mode="downweight"),
+                         max_versions=4, max_ms=120_000, staleness_mode="downweight", overlap={}),
     "tba": AlgoDefaults(on_policy=False, num_envs=1, group_size=0, train_batch_size=2048,
-                        max_versions=16, max_ms=300_000, staleness_mode="downweight", min_weight=0.01),
+                        max_versions=16, max_ms=300_000, staleness_mode="downweight", min_weight=0.01,
+                        overlap={}),
     "dpo": AlgoDefaults(on_policy=False, num_envs=1, group_size=0, train_batch_size=2048,
                         max_versions=1 << 30, max_ms=None, importance=False, online=False),
 }

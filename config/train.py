@@ -14,7 +14,7 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 
 import tyro
 
-from config.algos import PRESET_CHOICES, algo_defaults, env_preset
+from config.algos import ALGO_DEFAULTS, PRESET_CHOICES, algo_defaults, env_preset
 from config.bus import DEFAULT_LEARNER_GROUP, BusConfig, Replication, Retention
 from config.env import Environment
 from config.limits import DEFAULT_CLAIM_CHECK_ABOVE
@@ -63,6 +63,28 @@ def default_cache_dir() -> str:
     or the same under the temp directory where /dev/shm is not writable."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
     return os.path.join(base, f"rlstream-blobs-{os.getuid()}")
+
+
+#: Why ``--overlap`` is refused outside co-located mode (``run_decoupled`` and the CLI say it).
+OVERLAP_COLOCATED_ONLY = ("--overlap applies to co-located mode only (decoupled actors and learner are separate "
+                          "processes: they already collect and train at once)")
+
+
+def overlap_overrides(algo: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` with the algorithm fields ``--overlap`` needs (its row's ``overlap``); a clear
+    ``ValueError`` for an algorithm with no correction for the lag, or an override against it."""
+    need = algo_defaults(algo).overlap
+    if need is None:
+        allowed = ", ".join(name for name, row in ALGO_DEFAULTS.items() if row.overlap is not None)
+        raise ValueError(f"--overlap is not allowed for {algo}: it trains each fragment one policy version "
+                         f"after the one that collected it, and {algo} has no correction for a lagged behaviour "
+                         f"policy (allowed: {allowed}); run {algo} without --overlap")
+    for key, value in need.items():
+        if key in overrides and overrides[key] != value:
+            raise ValueError(f"--overlap trains {algo} with {key}={json.dumps(value)} (its correction for the "
+                             f"one-version lag); --set {key}={json.dumps(overrides[key])} contradicts it: drop one "
+                             "of them")
+    return {**overrides, **need}
 
 
 #: A staleness window this wide means "never stale" (DPO's): no policy-lag breaker by default.
@@ -187,7 +209,15 @@ class TrainConfig:
     torch_threads: int | None = None
     """Intra-op threads of torch in this process; None: 1 in the decoupled role processes (they
     share the machine: small-MLP updates on contended cores run several times slower with more),
-    torch's default in co-located mode."""
+    and under ``overlap`` (the actors' thread takes the other core); torch's default otherwise."""
+    overlap: bool = False
+    """Co-located only: the actors collect fragment k+1 with policy version v (in a second thread)
+    while the learner updates on fragment k, so every fragment after the first is trained one
+    version after the one that collected it (policy lag 1, reported as such). Allowed for the
+    algorithms that correct a lagged behaviour policy (``config.algos.ALGO_DEFAULTS``' ``overlap``
+    column): PPO then trains as decoupled PPO (``decoupled=true``: clip anchored at the learner's
+    policy, truncated pi/mu weights); AGRO and TBA as they are. Off: strict alternation, lag 0.
+    Not faster on CPython today: the two threads take turns on the GIL (docs/benchmarks.md)."""
     stream_workers: int = 1
     """Decoupled: Faust workers ``rlstream train --mode decoupled`` starts in the streams group
     (they split the partitions of rl.samples.raw, ``--partitions``)."""
@@ -243,6 +273,8 @@ class TrainConfig:
             raise ValueError(f"--actor-lag-versions must be >= 0, got {self.actor_lag_versions}")
         if self.replay and d.on_policy:
             raise ValueError(f"--replay needs an off-policy algorithm (agro, tba), not {self.algo!r}")
+        if self.overlap:  # (co-located only is checked by run_decoupled: ``mode`` is set later)
+            object.__setattr__(self, "algo_overrides", overlap_overrides(self.algo, self.algo_overrides))
 
     def replay_settings(self) -> dict[str, Any] | None:
         """The sample cache's settings (``learner.replay.ReplayConfig`` fields); None: no replay.

@@ -296,6 +296,10 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
     base = a.train
     run_id = a.run_id or env.run_id or uuid.uuid4().hex[:12]
     mode = a.mode if a.command == "train" else "decoupled"
+    if base.overlap and mode != "colocated":
+        from config.train import OVERLAP_COLOCATED_ONLY
+
+        raise SystemExit(f"error: {OVERLAP_COLOCATED_ONLY}")
     run_dir = resolve_run_dir(a.run_dir, run_id, base.resume) if mode == "colocated" else (
         a.run_dir or Path("runs") / "decoupled")
     bus = BusConfig.from_environment(env, kind=a.bus or None, bootstrap=a.bootstrap, log_dir=a.log_dir,
@@ -321,12 +325,15 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
     except ValueError as e:
         raise SystemExit(f"--env: {e}") from None
     tensorboard = None if a.tensorboard == "off" else (a.tensorboard or str(run_dir / "tb"))
-    return replace(base, mode=mode, wrappers=_names(a.wrappers), tensorboard=tensorboard,
-                   algo_overrides=_kv(a.set), run_dir=run_dir, run_id=run_id, metrics_port=a.metrics_port,
-                   streams=a.streams, bus=bus, snapshot_store=base.snapshot_store or env.snapshot_store,
-                   object_store=ObjectStoreConfig.from_environment(env),
-                   redis_url=base.redis_url or env.redis_url,
-                   blob_cache=base.blob_cache if base.blob_cache is not None else env.blob_cache)
+    try:  # the config checks itself again with --set's overrides (e.g. --overlap against one of them)
+        return replace(base, mode=mode, wrappers=_names(a.wrappers), tensorboard=tensorboard,
+                       algo_overrides=_kv(a.set), run_dir=run_dir, run_id=run_id, metrics_port=a.metrics_port,
+                       streams=a.streams, bus=bus, snapshot_store=base.snapshot_store or env.snapshot_store,
+                       object_store=ObjectStoreConfig.from_environment(env),
+                       redis_url=base.redis_url or env.redis_url,
+                       blob_cache=base.blob_cache if base.blob_cache is not None else env.blob_cache)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def _stop_on_signals() -> threading.Event:

@@ -4,6 +4,20 @@ The roles are the same objects decoupled mode runs in separate processes; here o
 steps them in turn (Sample Factory's serial mode): actor fragments -> prepare -> learner
 update -> new PolicyVersion -> actors adopt it before their next fragment. On-policy data
 therefore stays fresh (policy lag 0 for the PPO family) and every event is still on a topic.
+
+``--overlap`` (``TrainConfig.overlap``) drives the same roles with ``runtime.roles.drive_overlapped``:
+the actors adopt the newest version, then collect fragment k+1 with it (version v) in a second
+thread while the learner trains fragment k into v+1; the stream processor then prepares k+1,
+which the learner trains in the next round at v+1. Every fragment after the first is one version
+stale (lag 1), and the run's lag figures say so: the progress lines' and the summary's
+``policy_lag`` (the learner's version when a fragment is counted, after the round's update, minus
+the fragment's) and the stream processor's ``lag_versions``. The algorithm corrects for it
+(``config.algos``: PPO as decoupled PPO). The learner gets one torch thread unless
+``torch_threads`` says otherwise. The two threads share CPython's GIL, and with the actors' loop
+(Gymnasium, the numpy sampler) and PPO's small-tensor update both holding it nearly all the time
+they run in turn, not at once: on HalfCheetah the option measured slower than strict alternation
+(docs/benchmarks.md, "Overlap"). It pays only once one side runs outside the GIL (an actor process,
+a free-threaded Python); the rounds, the pinned adoption and the lag reporting would stay.
 """
 
 from __future__ import annotations
@@ -21,7 +35,7 @@ from runtime.logging import bind_policy_version
 from runtime.metrics import Metrics
 from runtime.tensorboard import TensorBoardRun
 from runtime.progress import Progress, quantiles_ms
-from runtime.roles import Slot, drive, write_summary
+from runtime.roles import OverlapTimes, Slot, drive, drive_overlapped, write_summary
 from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW
 
 
@@ -31,10 +45,10 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     if cfg.actor_lag_versions:
         raise ValueError("--actor-lag-versions applies to decoupled mode only "
                          "(co-located actors always act with the learner's newest version)")
-    if cfg.torch_threads:
+    if cfg.torch_threads or cfg.overlap:
         import torch
 
-        torch.set_num_threads(cfg.torch_threads)
+        torch.set_num_threads(cfg.torch_threads or 1)  # overlap: the actors' thread has the other core
     metrics = metrics or Metrics(role="colocated")
     bus = bus or wiring.build_bus(cfg.bus)
     events = wiring.build_events(bus, metrics)
@@ -71,12 +85,29 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     tb_actor = TensorBoardRun(cfg.tensorboard, cfg.effective_run_id(), "actor")
     tb_learner = TensorBoardRun(cfg.tensorboard, cfg.effective_run_id(), "learner")
 
-    def on_batch(batch, seconds: float) -> None:
+    lags = {"batches": 0, "total": 0, "max": 0}  # policy lag per fragment, over the run
+    collected: list[Any] = []  # overlap: the round's fragments, counted once its update is joined
+
+    def count_batch(batch) -> None:
         lr = learner_ref.get("learner")
         lag = (lr.version - batch.policy_version) if lr is not None else 0
+        lags["batches"] += 1
+        lags["total"] += lag
+        lags["max"] = max(lags["max"], lag)
         progress.on_batch(batch.size, batch.episode_returns, lag)
         tb_actor.episodes(progress.steps, batch.episode_returns, batch.episode_lengths)
         tb_actor.sps(progress.steps)
+
+    def on_batch(batch, seconds: float) -> None:
+        if cfg.overlap:  # (the actors' thread) the learner's version is known once the round is joined
+            collected.append(batch)
+        else:
+            count_batch(batch)
+
+    def on_round() -> None:
+        while collected:
+            count_batch(collected.pop(0))
+        progress.maybe_log()
 
     def on_update(learner, m, seconds) -> None:
         progress.updates = learner.stats.updates
@@ -99,9 +130,16 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     if log is not None:
         log.info("train_start", **wiring.describe(cfg), policy_version=learner.version)
     roles = {**{f"actor-{i}": a for i, a in enumerate(actors)}, "streams": worker, "learner": learner}
+    times = OverlapTimes() if cfg.overlap else None
+    done = lambda: progress.steps >= cfg.total_steps  # noqa: E731
     try:
-        drive([*(Slot(a) for a in actors), Slot(worker, drain=True), Slot(learner)],
-              done=lambda: progress.steps >= cfg.total_steps, stop=stop, on_round=progress.maybe_log)
+        if times is not None:
+            drive_overlapped([Slot(Pinned(a)) for a in actors], [Slot(learner)], [Slot(worker, drain=True)],
+                             before=lambda: [a.adopt() for a in actors], done=done, stop=stop,
+                             on_round=on_round, times=times)
+        else:
+            drive([*(Slot(a) for a in actors), Slot(worker, drain=True), Slot(learner)],
+                  done=done, stop=stop, on_round=on_round)
         progress.maybe_log(force=True)
     finally:
         for a in actors:
@@ -124,6 +162,9 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
         "duplicates_skipped": learner.stats.duplicates_skipped,
         "env_rejected_fragments": sum(a.rejected for a in actors),
         "policy_latency_ms": quantiles_ms(latencies),
+        "policy_lag": {"mean": round(lags["total"] / lags["batches"], 4) if lags["batches"] else 0.0,
+                       "max": lags["max"], "fragments": lags["batches"]},
+        "overlap": times.as_dict() if times is not None else None,
         "gpu": gpu.summary(),
     })
     summary.update(progress.write(cfg.run_dir, cfg.plot, f"{cfg.algo} on {cfg.env_id} (co-located)"))
@@ -131,3 +172,20 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
         summary["tensorboard"] = str(Path(cfg.tensorboard) / cfg.effective_run_id())
     (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+class Pinned:
+    """An actor as the overlap thread steps it: with the version it adopted before the round
+    (``Actor.step(pinned=True)``), whatever the learner publishes meanwhile."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    def step(self, timeout: float = 0.0) -> Any:
+        return self.actor.step(timeout, pinned=True)
+
+    def close(self) -> None:
+        self.actor.close()
+
+    def summary(self) -> dict[str, Any]:
+        return self.actor.summary()

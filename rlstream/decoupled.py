@@ -38,6 +38,7 @@ from runtime.progress import Progress, quantiles_ms, read_state
 from runtime.roles import Slot, clear_summaries, drive, read_summaries, summary_path, write_summary
 from runtime.tensorboard import TensorBoardRun
 from config.runfile import CONFIG_FILE
+from config.train import OVERLAP_COLOCATED_ONLY
 from streams.topics import SAMPLES_PREPARED, SAMPLES_RAW, STREAMS_GROUP
 
 #: File in a decoupled run's directory naming its namespace (``--resume`` reads it).
@@ -469,6 +470,8 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     progress for ``drain_s``. A role that dies is restarted (``Supervisor``) up to
     ``max_restarts`` times, then ``ChildExited`` is raised. The children get ``env`` (the entry
     point's ``Environment``; None: this process's, read now) with the run's settings on top."""
+    if cfg.overlap:
+        raise ValueError(OVERLAP_COLOCATED_ONLY)
     stop = stop or threading.Event()
     env = env if env is not None else Environment.read()
     cfg.run_dir.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,9 @@ Co-located mode drives all roles in one loop; each decoupled child drives its on
     ended = drive([Slot(actor), Slot(worker, timeout=0.0, drain=True), Slot(learner, timeout=0.0)],
                   done=lambda: progress.steps >= total, stop=stop, on_round=progress.maybe_log)
     write_summary(run_dir, "actor-0", actor.summary())   # the decoupled parent reads it back
+
+``drive_overlapped`` is the co-located ``--overlap`` loop: the actors step in a second thread
+while the learner updates.
 """
 
 from __future__ import annotations
@@ -61,11 +64,98 @@ def drive(slots: Sequence[Slot], *, done: Callable[[], bool] = lambda: False,
             return "stopped"
         if deadline is not None and time.monotonic() >= deadline:
             return "deadline"
-        for slot in slots:
-            while slot.role.step(slot.timeout) and slot.drain and not stop.is_set():
-                pass
+        _step(slots, stop)
         if on_round is not None:
             on_round()
+
+
+def _step(slots: Sequence[Slot], stop: threading.Event) -> None:
+    """One round of ``slots``: each stepped once, a drain slot until it is idle."""
+    for slot in slots:
+        while slot.role.step(slot.timeout) and slot.drain and not stop.is_set():
+            pass
+
+
+@dataclass
+class OverlapTimes:
+    """Where the rounds of ``drive_overlapped`` spent their time (seconds, summed over rounds).
+    ``side_s`` and ``main_s`` are wall times, each including the time its thread waited for the
+    other's GIL: ``overlap_saved_s`` is a real saving only where the process's CPU time exceeds its
+    wall time (on CPython with the GIL and Python-bound roles it does not: bench/peers.py)."""
+
+    rounds: int = 0
+    side_s: float = 0.0
+    """The side slots' work (the actors' collection)."""
+    main_s: float = 0.0
+    """The main slots' work (the learner's update), done while the side worked."""
+    together_s: float = 0.0
+    """Wall time of the overlapped part of the rounds (the longer of the two, plus the join)."""
+    after_s: float = 0.0
+    """The ``after`` slots, run alone once both were joined (the stream processor)."""
+
+    def as_dict(self) -> dict[str, float]:
+        return {"rounds": self.rounds, "side_s": round(self.side_s, 3), "main_s": round(self.main_s, 3),
+                "together_s": round(self.together_s, 3), "after_s": round(self.after_s, 3),
+                "overlap_saved_s": round(self.side_s + self.main_s - self.together_s, 3)}
+
+
+def drive_overlapped(side: Sequence[Slot], main: Sequence[Slot], after: Sequence[Slot] = (), *,
+                     before: Callable[[], None] | None = None,
+                     done: Callable[[], bool] = lambda: False, stop: threading.Event | None = None,
+                     deadline: float | None = None, on_round: Callable[[], None] | None = None,
+                     times: OverlapTimes | None = None) -> str:
+    """``drive`` with two slot lists stepped at once. Each round: ``before()`` (this thread, with
+    nothing else running), then the ``side`` slots in a second thread while this thread steps
+    the ``main`` slots, both joined, then the ``after`` slots, then ``on_round()``. Co-located
+    ``--overlap``: side = the actors, main = the learner, after = the stream processor, before =
+    the actors adopting the newest version; so an actor collects fragment k+1 with version v
+    while the learner trains fragment k into v+1, and the order of every event is fixed by the
+    rounds, never by the threads' timing::
+
+        drive_overlapped([Slot(actor)], [Slot(learner)], [Slot(worker, drain=True)],
+                         before=actor.adopt, done=lambda: progress.steps >= total)
+
+    When ``done()``, one last round of ``main`` alone takes what the side made in the round
+    before (the learner trains the last fragment); a stop or a deadline returns at once, as
+    ``drive`` does. An error in either thread ends the run after both are joined, the side's
+    first. ``times``: filled with where the rounds spent their time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    stop = stop or threading.Event()
+    times = times if times is not None else OverlapTimes()
+
+    def side_round() -> float:
+        t0 = time.perf_counter()
+        _step(side, stop)
+        return time.perf_counter() - t0
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlstream-overlap") as pool:
+        while True:
+            if done():
+                _step(main, stop)
+                return "done"
+            if stop.is_set():
+                return "stopped"
+            if deadline is not None and time.monotonic() >= deadline:
+                return "deadline"
+            if before is not None:
+                before()
+            t0 = time.perf_counter()
+            pending = pool.submit(side_round)
+            try:
+                _step(main, stop)
+                main_s = time.perf_counter() - t0
+            finally:
+                side_s = pending.result()  # waits whatever happened here; re-raises the side's error
+            t1 = time.perf_counter()
+            _step(after, stop)
+            times.rounds += 1
+            times.side_s += side_s
+            times.main_s += main_s
+            times.together_s += t1 - t0
+            times.after_s += time.perf_counter() - t1
+            if on_round is not None:
+                on_round()
 
 
 def summary_path(run_dir: Path, name: str) -> Path:

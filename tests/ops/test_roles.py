@@ -13,7 +13,8 @@ from actor.actor import Actor
 from learner.learner import Learner
 from rlstream.colocated import run_colocated
 from config import BusConfig, TrainConfig
-from runtime.roles import Role, Slot, clear_summaries, drive, read_summaries, summary_path, write_summary
+from runtime.roles import (OverlapTimes, Role, Slot, clear_summaries, drive, drive_overlapped, read_summaries,
+                           summary_path, write_summary)
 from streams.worker import PrepareWorker
 
 
@@ -61,6 +62,66 @@ def test_drive_ends_on_stop_and_on_deadline():
     t0 = time.monotonic()
     assert drive([Slot(Counter())], deadline=t0 + 0.2) == "deadline"
     assert time.monotonic() - t0 >= 0.2
+
+
+class Logged:
+    """A role that logs its steps (name, round, thread) in a shared list; ``meet``: a barrier
+    every step waits on, so a round only passes if its partner steps at the same time."""
+
+    def __init__(self, name: str, log: list, meet: threading.Barrier | None = None, fail_at: int | None = None):
+        self.name, self.log, self.meet, self.fail_at, self.steps = name, log, meet, fail_at, 0
+
+    def step(self, timeout: float = 0.0) -> int:
+        self.steps += 1
+        if self.meet is not None:
+            self.meet.wait(timeout=30)  # a deadlock guard, not a timing: both sides arrive at once
+        self.log.append((self.name, self.steps, threading.current_thread().name))
+        if self.steps == self.fail_at:
+            raise RuntimeError(f"{self.name} failed")
+        return 0
+
+    def close(self) -> None:
+        pass
+
+    def summary(self) -> dict:
+        return {}
+
+
+def test_drive_overlapped_runs_side_and_main_at_once_then_after_then_main_alone_when_done():
+    log: list = []
+    meet = threading.Barrier(2)  # passes only when the side and the main step run together
+    side, main, after = Logged("side", log, meet), Logged("main", log), Logged("after", log)
+    main.meet = meet
+    rounds, times = [], OverlapTimes()
+
+    def done() -> bool:
+        if len(rounds) == 2:
+            main.meet = None  # the last step of main runs alone
+            return True
+        return False
+
+    ended = drive_overlapped([Slot(side)], [Slot(main)], [Slot(after)], before=lambda: log.append(("before",)),
+                             done=done, on_round=lambda: rounds.append(1), times=times)
+    assert ended == "done"
+    names = [e[0] for e in log]
+    # each round: before, then side and main (either order), then after; finally main alone
+    assert names[0] == "before" and sorted(names[1:3]) == ["main", "side"] and names[3] == "after"
+    assert names[4] == "before" and sorted(names[5:7]) == ["main", "side"] and names[7] == "after"
+    assert names[8:] == ["main"] and (side.steps, main.steps, after.steps) == (2, 3, 2)
+    threads = {e[0]: e[2] for e in log if len(e) == 3}
+    assert threads["side"] != threads["main"] == threads["after"] == threading.current_thread().name
+    assert times.rounds == 2
+
+
+def test_drive_overlapped_joins_the_side_before_an_error_ends_it():
+    log: list = []
+    side, main = Logged("side", log, fail_at=2), Logged("main", log)
+    with pytest.raises(RuntimeError, match="side failed"):
+        drive_overlapped([Slot(side)], [Slot(main)])
+    assert (side.steps, main.steps) == (2, 2)  # main's round 2 ran to its end; nothing after
+    stop = threading.Event()
+    stop.set()
+    assert drive_overlapped([Slot(side)], [Slot(main)], stop=stop) == "stopped"
 
 
 def test_summary_files_round_trip(tmp_path):

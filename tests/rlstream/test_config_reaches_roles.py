@@ -37,6 +37,10 @@ PREPARE = dict(max_versions=5, max_ms=7_000, staleness_mode="drop", decay=0.25, 
                max_actors=50, importance=False, rho_bar=0.9, c_bar=0.8, behaviour_cap=3.0, policy_id=POLICY)
 
 
+#: Fields a decoupled run refuses (``run_decoupled``): they have no role process to reach.
+COLOCATED_ONLY = ("overlap",)
+
+
 def every_field_set(tmp_path: Path, bootstrap: str) -> TrainConfig:
     bus = dict(kind="kafka", bootstrap=bootstrap, partitions=2, log_dir=str(tmp_path / "unused-log"),
                retention={SAMPLES_RAW: Retention(ms=3_600_000, bytes=-1)}, namespace=f"cfg{uuid.uuid4().hex[:8]}",
@@ -59,6 +63,7 @@ def every_field_set(tmp_path: Path, bootstrap: str) -> TrainConfig:
                  bus=BusConfig(**bus))
     for cls, values in ((TrainConfig, train), (BusConfig, bus), (PrepareConfig, PREPARE)):
         missing = {f.name for f in dataclasses.fields(cls) if not f.metadata.get("secret")} - set(values)
+        missing -= set(COLOCATED_ONLY) if cls is TrainConfig else set()
         # (secrets never go into a config file: each process takes them from its environment)
         assert not missing, f"give {cls.__name__} fields {sorted(missing)} a non-default value here"
     plain, algo = TrainConfig(), TrainConfig(algo="tba")  # the dataclass's defaults and the algorithm's
