@@ -338,11 +338,15 @@ class RunMonitor:
         return fields
 
 
+#: Probes go straight to the child, never through a proxy the environment names (as the kubelet's).
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def http_probe(url: str, timeout_s: float) -> tuple[bool, str]:
     """One ``httpGet`` probe as the kubelet runs it: ``(ok, detail)``, ok on a 2xx or 3xx answer
     within ``timeout_s``; a refused connection, a time-out or another status fails."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        with _DIRECT.open(url, timeout=timeout_s) as resp:
             return 200 <= resp.status < 400, f"HTTP {resp.status}"
     except urllib.error.HTTPError as e:
         body = e.read(300).decode(errors="replace").strip()
