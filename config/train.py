@@ -222,8 +222,12 @@ class TrainConfig:
     """Decoupled: Faust workers ``rlstream train --mode decoupled`` starts in the streams group
     (they split the partitions of rl.samples.raw, ``--partitions``)."""
     max_restarts: int = 3
-    """Decoupled: restarts of one role after it dies (backoff 1 s, doubling to 30 s) before the
-    run fails naming its log file."""
+    """Decoupled: restarts of one role after it dies or fails its liveness probe (backoff 1 s,
+    doubling to 30 s) before the run fails naming its log file."""
+    liveness_probes: bool = True
+    """Decoupled: probe each child's ``/healthz`` as the manifests' ``livenessProbe`` does (every
+    10 s, 3 s timeout: ``runtime.ports.LIVENESS_PROBE``), once it has answered once, and kill
+    and restart one that fails 3 probes in a row (a hung or slow process)."""
     replay: bool = False
     """Off-policy algorithms (agro, tba): the learner also trains on fragments replayed from a
     cache of the last ``replay_capacity`` transitions it trained on (``learner.replay``)."""

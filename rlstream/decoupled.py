@@ -5,6 +5,8 @@ decoupled``) and stops them when the learner has spent its budget."""
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import os
 import signal
@@ -12,8 +14,10 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import deque
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +38,7 @@ from config.env import (
     Environment,
     RankEnv,
 )
+from runtime.ports import LIVENESS_PROBE, STARTUP_PROBE, Probe
 from runtime.progress import Progress, quantiles_ms, read_state
 from runtime.roles import Slot, clear_summaries, drive, read_summaries, summary_path, write_summary
 from runtime.tensorboard import TensorBoardRun
@@ -334,58 +339,141 @@ class RunMonitor:
         return fields
 
 
+#: Probes go straight to the child, never through a proxy the environment names (as the kubelet's).
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def http_probe(url: str, timeout_s: float) -> tuple[bool, str]:
+    """One ``httpGet`` probe as the kubelet runs it: ``(ok, detail)``, ok on a 2xx or 3xx answer
+    within ``timeout_s``; a refused connection, a time-out or another status fails."""
+    try:
+        with _DIRECT.open(url, timeout=timeout_s) as resp:
+            return 200 <= resp.status < 400, f"HTTP {resp.status}"
+    except urllib.error.HTTPError as e:
+        body = e.read(300).decode(errors="replace").strip()
+        return False, f"HTTP {e.code}" + (f": {body}" if body else "")
+    except (OSError, http.client.HTTPException) as e:  # refused, reset, timed out
+        return False, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+@dataclass
+class _ProbeState:
+    url: str
+    next_at: float  # monotonic time of the next probe
+    answered: bool = False  # started: a probe has passed once
+    failures: int = 0  # liveness failures in a row
+
+
 class Supervisor:
     """The children of a local decoupled run, restarted as Kubernetes would: a role that dies is
     started again after a backoff (``BACKOFF_S``, doubling up to ``BACKOFF_MAX_S``), at most
     ``max_restarts`` times per role; one more death raises ``ChildExited`` naming its log.
     An actor that exits 0 has spent its budget and stays down; a restarted learner resumes from
-    its newest snapshot and committed offsets (``--resume``); its log files are appended to."""
+    its newest snapshot and committed offsets (``--resume``); its log files are appended to.
+
+    A child spawned with a ``health_url`` is probed as the manifests' probes do
+    (``runtime.ports``): every ``startup.period_s`` until it first answers, then every
+    ``liveness.period_s``; ``liveness.failure_threshold`` failed probes in a row (no 2xx/3xx
+    within ``liveness.timeout_s``: hung, stopped, or its ``/healthz`` says it is unhealthy, as
+    ``rlstream serve``'s does when ``/act`` is slow) kill its process group (SIGKILL: a hung
+    process does not act on SIGTERM), and it is restarted like a child that died, with the
+    reason logged and in ``reasons``. Unlike a startupProbe, a child that never answers is not
+    killed (it may have lost its port to a race and runs without a server). ``liveness=None``:
+    no probes. ``check`` runs the probes that are due, one after another, on the caller's thread."""
 
     BACKOFF_S = 1.0
     BACKOFF_MAX_S = 30.0
 
-    def __init__(self, env: dict[str, str], log_dir: Path, max_restarts: int, log: Any = None) -> None:
+    def __init__(self, env: dict[str, str], log_dir: Path, max_restarts: int, log: Any = None,
+                 liveness: Probe | None = LIVENESS_PROBE, startup: Probe = STARTUP_PROBE) -> None:
         self.env, self.log_dir, self.max_restarts, self.log = env, log_dir, max_restarts, log
+        self.liveness, self.startup = liveness, startup
         self.procs: dict[str, subprocess.Popen] = {}
         self.cmds: dict[str, list[str]] = {}
         self.envs: dict[str, dict[str, str]] = {}
         self.restarts: dict[str, int] = {}
         self.pending: dict[str, float] = {}  # role -> monotonic time of its restart
+        self.health_urls: dict[str, str] = {}
+        self.probes: dict[str, _ProbeState] = {}
+        self.killed: dict[str, str] = {}  # role -> why the supervisor killed it (until restarted)
+        self.reasons: list[dict[str, Any]] = []  # every restart: role, restart, reason
 
     def log_path(self, name: str) -> Path:
         return self.log_dir / f"{name}.log"
 
-    def spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
-        """Start ``name`` (again: same command, same ``env`` over the run's, log appended)."""
+    def spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None,
+              health_url: str | None = None) -> None:
+        """Start ``name`` (again: same command, same ``env`` over the run's, log appended; probed
+        at ``health_url``, given once)."""
         self.cmds[name] = cmd
         if env is not None:
             self.envs[name] = env
+        if health_url is not None:
+            self.health_urls[name] = health_url
         mode = "a" if name in self.procs else "w"
         self.procs[name] = subprocess.Popen(cmd, stdout=self.log_path(name).open(mode), stderr=subprocess.STDOUT,
                                             env={**self.env, **self.envs.get(name, {}), ENV_PROCESS: name},
                                             start_new_session=True)
+        if name in self.health_urls:
+            self.probes[name] = _ProbeState(self.health_urls[name], next_at=time.monotonic() + self.startup.period_s)
+
+    def probe(self) -> None:
+        """Run each due probe; kill a child that has failed ``liveness.failure_threshold`` in a row."""
+        if self.liveness is None:
+            return
+        for name, st in self.probes.items():
+            p = self.procs[name]
+            if name in self.pending or name in self.killed or p.poll() is not None or time.monotonic() < st.next_at:
+                continue
+            ok, detail = http_probe(st.url, (self.liveness if st.answered else self.startup).timeout_s)
+            if not st.answered:
+                st.answered = ok
+                st.next_at = time.monotonic() + (self.liveness if ok else self.startup).period_s
+                continue
+            st.next_at = time.monotonic() + self.liveness.period_s
+            if ok:
+                st.failures = 0
+                continue
+            st.failures += 1
+            if self.log is not None:
+                self.log.warning("liveness_probe_failed", role=name, failures=st.failures,
+                                 failure_threshold=self.liveness.failure_threshold, url=st.url, detail=detail)
+            if st.failures >= self.liveness.failure_threshold:
+                self.killed[name] = (f"liveness probe failed {st.failures} times in a row "
+                                     f"(every {self.liveness.period_s:g} s, timeout {self.liveness.timeout_s:g} s): "
+                                     f"{st.url}: {detail}")
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=10)
 
     def check(self, done_ok: set[str]) -> None:
-        """Schedule a restart of each role that died (exit 0 of a role in ``done_ok`` is done),
-        and start those whose backoff is over; raises ``ChildExited`` past the bound."""
+        """Probe the children that have a health URL (``probe``), schedule a restart of each role
+        that died or was killed (exit 0 of a role in ``done_ok`` is done), and start those whose
+        backoff is over; raises ``ChildExited`` past the bound."""
+        self.probe()
         now = time.monotonic()
         for name, p in self.procs.items():
             code = p.poll()
-            if code is None or name in self.pending or (code == 0 and name in done_ok):
+            killed = self.killed.get(name)
+            if code is None or name in self.pending or (code == 0 and name in done_ok and killed is None):
                 continue
+            reason = killed or f"exited with code {code}"
             n = self.restarts.get(name, 0) + 1
             if n > self.max_restarts:
                 raise ChildExited(name, code, self.log_path(name),
-                                  note=f"after {n - 1} restart(s) (--max-restarts {self.max_restarts})")
+                                  note=f"({reason}) after {n - 1} restart(s) (--max-restarts {self.max_restarts})")
             delay = min(self.BACKOFF_MAX_S, self.BACKOFF_S * 2 ** (n - 1))
             self.restarts[name] = n
             self.pending[name] = now + delay
+            self.reasons.append({"role": name, "restart": n, "reason": reason})
             if self.log is not None:
-                self.log.warning("role_restarting", role=name, exit_code=code, restart=n,
+                self.log.warning("role_restarting", role=name, exit_code=code, restart=n, reason=reason,
                                  max_restarts=self.max_restarts, backoff_s=delay, log=str(self.log_path(name)))
         for name, at in list(self.pending.items()):
             if now >= at:
                 del self.pending[name]
+                self.killed.pop(name, None)
                 cmd = self.cmds[name]
                 if name == "learner" and "--resume" not in cmd:
                     cmd = cmd + ["--resume"]  # continue from the newest snapshot, not from version 0
@@ -467,7 +555,7 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     """Start the learner, ``stream_workers`` Faust workers and ``num_actors`` actors in
     ``cfg.bus.namespace``; print progress every ``log_every_s``; wait for the learner. Actors stop
     at their budget; once all have, the learner trains on what is left until it makes no more
-    progress for ``drain_s``. A role that dies is restarted (``Supervisor``) up to
+    progress for ``drain_s``. A role that dies or fails its liveness probe is restarted (``Supervisor``) up to
     ``max_restarts`` times, then ``ChildExited`` is raised. The children get ``env`` (the entry
     point's ``Environment``; None: this process's, read now) with the run's settings on top."""
     if cfg.overlap:
@@ -480,7 +568,8 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
         old.unlink()  # a previous run's figures are not this run's
     clear_summaries(cfg.run_dir)
     config_path = write_config(child_config(cfg), cfg.run_dir / CONFIG_FILE)
-    sup = Supervisor(child_env(cfg, config_path, env), cfg.run_dir, cfg.max_restarts, log)
+    sup = Supervisor(child_env(cfg, config_path, env), cfg.run_dir, cfg.max_restarts, log,
+                     liveness=LIVENESS_PROBE if cfg.liveness_probes else None)
     procs = sup.procs
 
     bus = wiring.build_bus(cfg.bus)  # create the topics before anyone subscribes; read lags from it
@@ -492,15 +581,16 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
         commands = child_commands(cfg, config_path)
         ports = metrics_ports(list(commands))
         for name, cmd in commands.items():
+            health = f"http://127.0.0.1:{ports[name]}{LIVENESS_PROBE.path}"  # every child serves /healthz
             if name.startswith("streams"):  # the Faust worker takes its web port from the environment
-                sup.spawn(name, cmd, env={ENV_METRICS_PORT: str(ports[name])})
+                sup.spawn(name, cmd, env={ENV_METRICS_PORT: str(ports[name])}, health_url=health)
             else:
-                sup.spawn(name, [*cmd, "--metrics-port", str(ports[name])])
+                sup.spawn(name, [*cmd, "--metrics-port", str(ports[name])], health_url=health)
         write_scrape_targets(cfg, ports)
         if log is not None:
             log.info("decoupled_started", processes=sorted(procs), logs=str(cfg.run_dir),
                      namespace=cfg.bus.namespace or "(legacy)", partitions=cfg.bus.partitions,
-                     max_restarts=cfg.max_restarts)
+                     max_restarts=cfg.max_restarts, liveness_probes=cfg.liveness_probes)
         next_line = time.monotonic() + cfg.log_every_s
         next_check = time.monotonic() + DRAIN_CHECK_S
         drained: tuple[int, float] | None = None  # (learner updates, since) once every actor is done
@@ -533,7 +623,7 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
         sup.stop(finishing=tuple(n for n in actors if not stop.is_set() and summary_path(cfg.run_dir, n).exists()))
     summaries = read_summaries(cfg.run_dir, procs)
     summary = {"mode": "decoupled", "namespace": cfg.bus.namespace, "ended": ended, "learner_exit": rc,
-               "processes": summaries, "restarts": dict(sup.restarts),
+               "processes": summaries, "restarts": dict(sup.restarts), "restart_reasons": list(sup.reasons),
                "exit_codes": {n: p.returncode for n, p in procs.items()}}
     (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -13,6 +13,8 @@ probes on the same port, 8080, so that a Service has one port to expose.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from config.env import Environment
 
 #: Metrics/probe port per role. ``colocated`` is the single-process mode
@@ -24,6 +26,28 @@ DEFAULT_PORTS: dict[str, int] = {
     "learner": 9103,
     "serve": 8080,
 }
+
+
+
+@dataclass(frozen=True)
+class Probe:
+    """An HTTP probe as Kubernetes runs an ``httpGet`` one: every ``period_s`` a GET of ``path``,
+    which fails unless it answers 2xx or 3xx within ``timeout_s``; ``failure_threshold`` failures
+    in a row act (a liveness probe: the container is killed and restarted)."""
+
+    path: str
+    period_s: float
+    timeout_s: float
+    failure_threshold: int
+
+
+#: The liveness probe of every role: the manifests' ``livenessProbe`` (compose/k8s/, checked by
+#: tests/ops/test_manifests.py) and the local decoupled supervisor's (``rlstream.decoupled``).
+LIVENESS_PROBE = Probe(path="/healthz", period_s=10.0, timeout_s=3.0, failure_threshold=3)
+#: The start-up probe the liveness probe waits behind (the manifests' ``startupProbe``; its
+#: ``timeoutSeconds`` is Kubernetes' default, 1). Locally it sets how often a child not yet
+#: answering is asked.
+STARTUP_PROBE = Probe(path="/healthz", period_s=5.0, timeout_s=1.0, failure_threshold=24)
 
 #: Roles that have a process (and so a port) of their own.
 ROLES: tuple[str, ...] = tuple(DEFAULT_PORTS)

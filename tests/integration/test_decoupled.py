@@ -12,7 +12,8 @@ per version = one learner batch), but it publishes by hand so it can misbehave o
 
 Checked: the learner's policy improves (first vs last PolicyVersion, evaluated deterministically),
 and the processors' counters, the dead letters and the learner's stats match the injection
-exactly. Then ``rlstream train --mode decoupled`` runs with a tiny budget.
+exactly. Then ``rlstream train --mode decoupled`` runs with a tiny budget, and ``rlstream validate``
+reads its go-live table.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import pytest
 import torch
 
 from actor.actor import Actor, ActorConfig
+from runtime import golive
 from actor.policy_client import PolicySubscriber
 from streams.policies import load_policy
 from schemas.codec import Codec
@@ -277,3 +279,23 @@ def test_train_decoupled_smoke(rl_topics, tmp_path):
     assert procs["learner"]["updates"] == 2 and procs["learner"]["samples_trained"] == 2048
     assert procs["actor-0"]["flow"]["flow"] == "on_policy_sync" and procs["actor-0"]["flow"]["timeouts"] == 0
     assert procs["streams"]["freshness"] == 1.0 and procs["streams"]["drops"] == {}
+    # every child was probed (liveness, as the manifests' probe) and none was restarted
+    assert summary["restarts"] == {} and summary["restart_reasons"] == []
+
+    # the go-live report of this real decoupled run: every row filled, or absent only for want of a GPU
+    report = golive.check(run_dir, plot=False)
+    assert report["mode"] == "decoupled"
+    got = {r["metric"]: r for r in report["rows"]}
+    assert set(got) == set(golive.THRESHOLDS)
+    for metric in ("policy_latency_p99_ms", "throughput_sps", "freshness_pct"):
+        assert isinstance(got[metric]["value"], float) and got[metric]["status"] in ("pass", "fail"), got[metric]
+    assert got["policy_latency_p99_ms"]["value"] == procs["actor-0"]["policy_latency_ms"]["p99"]
+    assert got["policy_latency_p99_ms"]["source"] == "actor-0.summary.json policy_latency_ms.p99"
+    assert got["throughput_sps"]["value"] == pytest.approx(2048 / procs["learner"]["wall_s"])
+    assert got["freshness_pct"] == {**got["freshness_pct"], "value": 100.0, "status": "pass"}
+    gpu = got["gpu_utilization_pct"]
+    if procs["learner"]["gpu"].get("status") == "ok":
+        assert isinstance(gpu["value"], float) and gpu["status"] in ("pass", "fail"), gpu
+    else:  # no GPU: said, with the reason
+        assert gpu["value"] == "no GPU" and gpu["status"] == "absent" and gpu["note"], gpu
+    print(golive.render(report))

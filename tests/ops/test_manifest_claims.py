@@ -3,7 +3,8 @@ the learner resumes from state that outlives its container; a GPU is requested o
 image and ``--device cuda``; the Prometheus the KEDA trigger queries is deployed and scrapes every
 role; the deployment guide's labels and consumer group exist; the learner tolerates preemption;
 every artefact has a documented lifecycle and run directories are pruned; every role that talks to
-Kafka creates its topics at the replication the ConfigMap sets (issue 24, part 1)."""
+Kafka creates its topics at the replication the ConfigMap sets (issue 24, part 1); an s3://
+snapshot store's sign-in reaches the learner and the rollback Job from a Secret (issue 27)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlparse
 
+import kubernetes_validate
 import pytest
 import yaml
 
 from config.bus import BusConfig, Replication
-from config.env import ENV_KAFKA_BROKERS, ENV_LEARNER_GROUP, Environment
+from config.env import ENV_KAFKA_BROKERS, ENV_LEARNER_GROUP, ENV_VARS, Environment
+from config.storage import ObjectStoreConfig
 from runtime.ports import DEFAULT_PORTS
 from runtime.prune import DEFAULT_OLDER_THAN
 from streams.topics import TOPICS
@@ -266,3 +269,74 @@ def test_every_artefact_has_a_documented_lifecycle() -> None:
     for artefact in ("process logs", "TensorBoard", "snapshot", "consumer offsets", "Faust", "Prometheus",
                      "claim-check", "prune.yaml"):
         assert artefact in table, artefact
+
+
+# -- snapshots in object storage: the sign-in reaches the learner and the rollback job ------------
+
+OBJECT_STORE_SECRET = "rlstream-object-store"
+ROLLBACK_JOB = K8S / "jobs" / "rollback.yaml"
+
+
+def rollback_job() -> dict[str, Any]:
+    (job,) = load_yaml_docs(ROLLBACK_JOB)
+    return job
+
+
+def secret_vars(c: dict[str, Any]) -> dict[str, str]:
+    """Variable -> the key of the object-store Secret it is read from (optional references only)."""
+    out = {}
+    for e in c["env"]:
+        ref = e.get("valueFrom", {}).get("secretKeyRef")
+        if ref:
+            assert ref["name"] == OBJECT_STORE_SECRET and ref.get("optional") is True, e
+            out[e["name"]] = ref["key"]
+    return out
+
+
+def test_an_s3_snapshot_store_signs_in_from_a_secret_in_the_learner_and_the_rollback_job(docs, compose) -> None:
+    """An ``s3://`` RLSTREAM_SNAPSHOT_STORE needs the endpoint and credentials ``config/storage.py``
+    reads: the learner (which writes and restores snapshots) and the rollback Job get each from the
+    Secret, under the same name, and ``ObjectStoreConfig`` fills every field but the session token
+    from exactly those variables. No Secret with values is committed. docs/deploy.md says how."""
+    job = rollback_job()
+    for name, c in (("learner", container(deployments(docs)["learner"])),
+                    ("rollback", job["spec"]["template"]["spec"]["containers"][0])):
+        env = {e["name"]: e for e in c["env"]}
+        assert env["RLSTREAM_SNAPSHOT_STORE"]["valueFrom"]["configMapKeyRef"]["key"] == "RLSTREAM_SNAPSHOT_STORE", name
+        vars_ = secret_vars(c)
+        assert all(var == key for var, key in vars_.items()), vars_
+        store = ObjectStoreConfig.from_environment(Environment({v: f"value-of-{v}" for v in vars_}))
+        assert store == ObjectStoreConfig(endpoint_url="value-of-AWS_ENDPOINT_URL", region="value-of-AWS_REGION",
+                                          access_key_id="value-of-AWS_ACCESS_KEY_ID",
+                                          secret_access_key="value-of-AWS_SECRET_ACCESS_KEY"), name
+        assert set(vars_) <= set(ENV_VARS)
+    assert not by_kind(docs, "Secret"), "credentials are created by the operator, never committed"
+    # compose: the learner reads them from a git-ignored env file when it exists
+    (env_file,) = compose["services"]["learner"]["env_file"]
+    assert env_file == {"path": "./object-store.env", "required": False}
+    assert "compose/object-store.env" in (ROOT / ".gitignore").read_text().splitlines()
+    assert "compose" in (COMPOSE / "Dockerfile.dockerignore").read_text().splitlines()  # not in the image
+    deploy = (ROOT / "docs" / "deploy.md").read_text()
+    assert f"create secret generic {OBJECT_STORE_SECRET}" in deploy
+    for var in vars_:
+        assert f"--from-literal={var}=" in deploy and f"{var}=" in deploy, var
+    assert "compose/k8s/jobs/rollback.yaml" in deploy and "object-store.env" in deploy
+
+
+def test_the_rollback_job_runs_rollback_and_is_never_applied_by_the_kustomization(capsys) -> None:
+    from rlstream.cli import build_parser
+
+    from .test_manifest_schemas import K8S_VERSIONS
+
+    job = rollback_job()
+    kubernetes_validate.validate(job, K8S_VERSIONS[-1], strict=True)
+    assert job["kind"] == "Job" and "generateName" in job["metadata"]  # kubectl create: a new Job each time
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in c["env"]}
+    for var in re.findall(r"\$\(([A-Z_]+)\)", " ".join(c["command"])):
+        assert var in env, var
+    argv = [re.sub(r"\$\([A-Z_]+\)", env["ROLLBACK_TO"]["value"], a) for a in c["command"][1:]]
+    ns = build_parser().parse_args(argv)
+    assert ns.command == "rollback" and ns.to_version == 0
+    kust = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    assert not any("rollback" in r or r.startswith("jobs") for r in kust["resources"])

@@ -20,6 +20,8 @@ from runtime.ports import (
     DEFAULT_PORTS,
     INFRA_PORTS,
     KNOWN_COMMANDS,
+    LIVENESS_PROBE,
+    STARTUP_PROBE,
 )
 
 from .test_metrics import FakeCuda
@@ -297,6 +299,11 @@ def test_k8s_deployments_ports_probes_env_annotations(k8s_docs: list[dict[str, A
         (c,) = tmpl["spec"]["containers"]
         assert [p["containerPort"] for p in c["ports"]] == [port], role
         assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port}, role
+        # one source for the numbers: runtime.ports, which the local supervisor probes with too
+        for key, probe in (("livenessProbe", LIVENESS_PROBE), ("startupProbe", STARTUP_PROBE)):
+            assert c[key]["httpGet"]["path"] == probe.path, (role, key)
+            assert (c[key]["periodSeconds"], c[key].get("timeoutSeconds", 1), c[key]["failureThreshold"]) \
+                == (probe.period_s, probe.timeout_s, probe.failure_threshold), (role, key)
         assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}, role
         env = {e["name"]: e for e in c["env"]}
         assert set(env) <= set(ENV_VARS), f"{role}: unknown env {set(env) - set(ENV_VARS)}"

@@ -57,7 +57,7 @@ def every_field_set(tmp_path: Path, bootstrap: str) -> TrainConfig:
                  policy_id=POLICY,
                  max_batches_per_version=3, policy_wait_s=7.0, max_backlog=9, fixed_fragments=True,
                  actor_steps=1000, max_steps_ahead=5000, torch_threads=2, learners=2, grad_compression="bf16",
-                 stream_workers=2, max_restarts=1, claim_check_above=2 << 20, actor_lag_versions=3,
+                 stream_workers=2, max_restarts=1, liveness_probes=False, claim_check_above=2 << 20, actor_lag_versions=3,
                  blob_cache=str(tmp_path / "blobs"), replay=True, replay_capacity=512,
                  replay_samples_per_insert=1.5, replay_max_reuse=3, replay_min_size=64, dynamic_batch=True,
                  bus=BusConfig(**bus))
