@@ -191,11 +191,12 @@ def test_the_guides_labels_and_consumer_group(docs, compose) -> None:
 # -- replication ----------------------------------------------------------------------------------
 
 def pod_env(c: dict[str, Any], cm: dict[str, str]) -> dict[str, str]:
-    """A container's environment as the kubelet gives it: values, and ConfigMap keys resolved."""
+    """A container's environment as the kubelet gives it: values, and ConfigMap keys resolved
+    (Secret references, which no file here holds, left out)."""
     out = {}
     for e in c.get("env", []):
         ref = e.get("valueFrom", {}).get("configMapKeyRef")
-        if ref is None:
+        if "value" in e:
             out[e["name"]] = e["value"]
         elif ref["name"] == "rlstream-config":
             out[e["name"]] = cm[ref["key"]]

@@ -21,6 +21,7 @@ import pytest
 from rlstream.cli import build_parser, train_config
 from config import ENTRY_POINT_FIELDS, BusConfig, PrepareConfig, TrainConfig, read_config, write_config
 from config.env import Environment
+from config.bus import Replication
 from config.runfile import CONFIG_FILE, read_run_config
 from config.storage import ObjectStoreConfig
 from config.train import default_cache_dir
@@ -44,7 +45,7 @@ COLOCATED_ONLY = ("overlap",)
 def every_field_set(tmp_path: Path, bootstrap: str) -> TrainConfig:
     bus = dict(kind="kafka", bootstrap=bootstrap, partitions=2, log_dir=str(tmp_path / "unused-log"),
                retention={SAMPLES_RAW: Retention(ms=3_600_000, bytes=-1)}, namespace=f"cfg{uuid.uuid4().hex[:8]}",
-               learner_group="cfg-trainers")
+               learner_group="cfg-trainers", replication=Replication(factor=1, min_insync=1))  # one broker here
     train = dict(mode="decoupled", algo="tba", env_id="Pendulum-v1", wrappers=("clip_reward",), total_steps=4096,
                  preset="none",
                  num_actors=2, num_envs=2, fragment_steps=16, train_batch_size=64, seed=7, group_size=2,
@@ -158,6 +159,8 @@ def as_flags(cfg: TrainConfig) -> list[str]:
 def test_every_field_is_a_flag_that_parses_back(tmp_path, monkeypatch):
     cfg = every_field_set(tmp_path, "127.0.0.1:1")
     monkeypatch.setenv("RLSTREAM_RETENTION", f"{SAMPLES_RAW}=1h")
+    monkeypatch.setenv(Replication.FACTOR_SETTING, "1")  # like retention: the environment's, no flag
+    monkeypatch.setenv(Replication.MIN_INSYNC_SETTING, "1")
     parsed = train_config(build_parser().parse_args(as_flags(cfg)))
     assert parsed == cfg
     assert set(ENTRY_POINT_FIELDS) == {"mode", "wrappers", "algo_overrides", "run_dir", "run_id", "tensorboard",
