@@ -198,7 +198,7 @@ def pod_env(c: dict[str, Any], cm: dict[str, str]) -> dict[str, str]:
         ref = e.get("valueFrom", {}).get("configMapKeyRef")
         if "value" in e:
             out[e["name"]] = e["value"]
-        elif ref["name"] == "rlstream-config":
+        elif ref is not None and ref["name"] == "rlstream-config":
             out[e["name"]] = cm[ref["key"]]
     return out
 
