@@ -239,6 +239,21 @@ def _all_trained(raw: TopicCounter, steps: TopicCounter) -> bool:
 
 # --- the tests --------------------------------------------------------------------------------------
 
+def sigkill_and_restart(cluster, rig, steps, updates, node: int, what: str, successor) -> dict:
+    """SIGKILL ``node`` (``what`` it is) mid-run, wait for ``successor()`` (the node that took
+    over) and for training to go on without it, then restart it and wait until every partition
+    is in sync again; the fault's row of the ledger."""
+    before = steps.poll()
+    cluster.kill(node)
+    new = successor()
+    wait_for(updates(before + 2), 180, f"training while node {node} is down", every=0.2, on_timeout=rig.logs)
+    down = steps.poll() - before
+    start_node(cluster, node)
+    cluster.wait_in_sync(STARTUP_S)
+    return {"fault": f"SIGKILL of node {node}, {what}; {new} took over",
+            "updates_while_down": down, "updates_during_fault": steps.poll() - before}
+
+
 def test_the_cli_cluster_holds_replication_3_and_refuses_more(healthy, tmp_path):
     """``rlstream broker status`` finds the cluster by itself; topics made from the setting have 3
     copies and ``min.insync.replicas`` 2; a factor of 4 is refused before any topic is asked for."""
@@ -284,17 +299,12 @@ def test_sigkill_of_the_samples_partition_leader_mid_run(healthy, run):
     topic = ns.topic(SAMPLES_RAW)
 
     def kill_the_leader(steps, updates) -> dict:
+        def new_leader() -> int:
+            wait_for(lambda: healthy.leader(topic, 0) not in (leader, -1), 60, "a new leader of " + topic)
+            return healthy.leader(topic, 0)
+
         leader = healthy.leader(topic, 0)
-        before = steps.poll()
-        healthy.kill(leader)
-        wait_for(lambda: healthy.leader(topic, 0) not in (leader, -1), 60, "a new leader of " + topic)
-        new_leader = healthy.leader(topic, 0)
-        wait_for(updates(before + 2), 180, f"training while node {leader} is down", every=0.2, on_timeout=rig.logs)
-        down = steps.poll() - before
-        start_node(healthy, leader)
-        healthy.wait_in_sync(STARTUP_S)
-        return {"fault": f"SIGKILL of node {leader}, leader of {topic}[0]; {new_leader} took over",
-                "updates_while_down": down, "updates_during_fault": steps.poll() - before}
+        return sigkill_and_restart(healthy, rig, steps, updates, leader, f"leader of {topic}[0]", new_leader)
 
     decoupled_run_through(healthy, rig, ns, "leader-sigkill", kill_the_leader)
 
@@ -304,17 +314,10 @@ def test_sigkill_of_the_active_controller_mid_run(healthy, run):
 
     def kill_the_controller(steps, updates) -> dict:
         controller = healthy.controller()
-        before = steps.poll()
-        healthy.kill(controller)
-        new = wait_for(lambda: (c := healthy.controller()) != controller and c > 0 and c, 120,
-                       "a new active controller", every=0.5, ignore=(Exception,))
-        wait_for(updates(before + 2), 180, f"training while node {controller} is down", every=0.2,
-                 on_timeout=rig.logs)
-        down = steps.poll() - before
-        start_node(healthy, controller)
-        healthy.wait_in_sync(STARTUP_S)
-        return {"fault": f"SIGKILL of node {controller}, the active controller; {new} took over",
-                "updates_while_down": down, "updates_during_fault": steps.poll() - before}
+        return sigkill_and_restart(
+            healthy, rig, steps, updates, controller, "the active controller",
+            lambda: wait_for(lambda: (c := healthy.controller()) != controller and c > 0 and c, 120,
+                             "a new active controller", every=0.5, ignore=(Exception,)))
 
     decoupled_run_through(healthy, rig, ns, "controller-sigkill", kill_the_controller)
 

@@ -44,6 +44,20 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 CODEC = Codec()
 
 
+def resume_and_drain(rig, steps: TopicCounter, raw: TopicCounter, actor, streams, n1: int) -> dict:
+    """Start the learner again with ``--resume`` (its first life made ``n1`` steps), wait for 3
+    updates of it, stop the actor and wait until every produced batch is trained; stop the
+    learner and the stream worker (which must have logged no error). The learner's summary."""
+    second = rig.learner(resume=True)
+    wait_for(lambda: steps.poll() >= n1 + 3, 120, "3 updates of the resumed learner", on_timeout=rig.logs)
+    actor.stop()
+    wait_for(lambda: all_trained(raw, steps), 90, "every produced batch trained", on_timeout=rig.logs)
+    summary = second.stop()
+    assert not streams.errors, streams.errors
+    streams.stop()
+    return summary
+
+
 def test_learner_sigkill_resumes_from_snapshot_and_offsets(private_kafka, rig):
     steps = TopicCounter(private_kafka.bootstrap, LEARNER_STEPS, CODEC.decode)
     raw = TopicCounter(private_kafka.bootstrap, SAMPLES_RAW, CODEC.decode)
@@ -74,14 +88,8 @@ def test_learner_sigkill_resumes_from_snapshot_and_offsets(private_kafka, rig):
         _, meta = store.load(v_s)
         snapshot_ids = set(meta["trained_batch_ids"])
 
-        second = rig.learner(resume=True)
         n1 = len(life1.steps)
-        wait_for(lambda: steps.poll() >= n1 + 3, 120, "3 updates of the resumed learner", on_timeout=rig.logs)
-        actor.stop()
-        wait_for(lambda: all_trained(raw, steps), 90, "every produced batch trained", on_timeout=rig.logs)
-        summary2 = second.stop()
-        assert not streams.errors, streams.errors
-        streams.stop()
+        summary2 = resume_and_drain(rig, steps, raw, actor, streams, n1)
     finally:
         steps.close()
         raw.close()
@@ -200,13 +208,7 @@ def test_learner_preempted_sigterm_then_sigkill_resumes_without_training_twice(p
         _, meta = store.load(v_last)
         assert set(meta["trained_batch_ids"]) == {i for s in life1.steps for i in s.batch_ids}
 
-        second = rig.learner(resume=True)
-        wait_for(lambda: steps.poll() >= n1 + 3, 120, "3 updates of the resumed learner", on_timeout=rig.logs)
-        actor.stop()
-        wait_for(lambda: all_trained(raw, steps), 90, "every produced batch trained", on_timeout=rig.logs)
-        summary2 = second.stop()
-        assert not streams.errors, streams.errors
-        streams.stop()
+        summary2 = resume_and_drain(rig, steps, raw, actor, streams, n1)
     finally:
         steps.close()
         raw.close()

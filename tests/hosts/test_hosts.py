@@ -43,6 +43,16 @@ def _exited(role, timeout: float, logs) -> int:
     return role.proc.returncode
 
 
+def _run_ends_cleanly(rig, learner, actors, streams) -> None:
+    """The learner and every actor exit 0 within their deadlines; the stream worker logged no
+    error, and is stopped."""
+    assert _exited(learner, 150, rig.logs) == 0, rig.logs()
+    for a in actors:
+        assert _exited(a, 30, rig.logs) == 0, rig.logs()
+    assert not streams.errors, streams.errors
+    streams.stop()
+
+
 def test_decoupled_run_across_lossy_hosts(hosts, tmp_path):
     budget = 2 * 20 * FRAGMENT  # two actors, 20 fragments each
     applied = hosts.impair(LOSS_PCT, DELAY_MS)
@@ -52,11 +62,7 @@ def test_decoupled_run_across_lossy_hosts(hosts, tmp_path):
         streams = rig.start_faust()
         learner = rig.learner()
         actors = [rig.actor(i) for i in range(2)]
-        assert _exited(learner, 150, rig.logs) == 0, rig.logs()
-        for a in actors:
-            assert _exited(a, 30, rig.logs) == 0, rig.logs()
-        assert not streams.errors, streams.errors
-        streams.stop()
+        _run_ends_cleanly(rig, learner, actors, streams)
     finally:
         rig.close()
     wall = time.monotonic() - t0
@@ -108,11 +114,7 @@ def test_actor_host_partition_heals(hosts, tmp_path):
         assert dropped > 0
         wait_for(lambda: from_cut() > during[1], 90, "the healed actor to publish again", every=0.5,
                  on_timeout=rig.logs)
-        assert _exited(learner, 150, rig.logs) == 0, rig.logs()
-        for a in actors:
-            assert _exited(a, 30, rig.logs) == 0, rig.logs()
-        assert not streams.errors, streams.errors
-        streams.stop()
+        _run_ends_cleanly(rig, learner, actors, streams)
     finally:
         rig.close()
         steps.close()
