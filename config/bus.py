@@ -92,6 +92,15 @@ class Replication:
         """The per-topic config it sets (``min.insync.replicas``; nothing when unset)."""
         return {} if self.min_insync is None else {"min.insync.replicas": str(self.min_insync)}
 
+    @property
+    def replicated(self) -> bool:
+        """More than one copy of each topic: partition leaders can move between brokers."""
+        return (self.factor or 1) > 1
+
+    def bus_options(self) -> dict[str, int | None]:
+        """``KafkaBus``'s keyword arguments for the topics it creates (-1: the broker's default)."""
+        return {"replication_factor": self.factor or -1, "min_insync_replicas": self.min_insync}
+
 
 @dataclass(frozen=True)
 class BusConfig:

@@ -110,7 +110,7 @@ def replication_settings(replication: Replication) -> dict[str, Any]:
     out: dict[str, Any] = {"producer_acks": -1}
     if replication.factor is not None:
         out["topic_replication_factor"] = replication.factor
-    if (replication.factor or 1) > 1:
+    if replication.replicated:
         out["consumer_metadata_max_age_ms"] = out["producer_metadata_max_age_ms"] = METADATA_MAX_AGE_MS
     return out
 
@@ -388,7 +388,7 @@ class StreamsApp:
             group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
             client_id=f"{self.settings.app_id}-policies", max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
             fetch_max_bytes=4 * MAX_MESSAGE_BYTES, fetch_max_wait_ms=100,
-            **({"metadata_max_age_ms": METADATA_MAX_AGE_MS} if (self.settings.replication.factor or 1) > 1 else {}),
+            **({"metadata_max_age_ms": METADATA_MAX_AGE_MS} if self.settings.replication.replicated else {}),
             **aiokafka_security(self.settings.client_config),
         )
 
@@ -398,9 +398,7 @@ class StreamsApp:
 
         hosts = ",".join(u.split("://", 1)[-1] for u in broker_urls(self.settings.brokers))
         return KafkaBus(hosts, config=dict(self.settings.client_config), auto_create=False,
-                        replication_factor=self.settings.replication.factor or -1,
-                        min_insync_replicas=self.settings.replication.min_insync,
-                        client_id=f"{self.settings.app_id}-{purpose}")
+                        **self.settings.replication.bus_options(), client_id=f"{self.settings.app_id}-{purpose}")
 
     def policy_start_offsets(self, topic: str, backlog: int) -> dict[int, int]:
         """Partition -> offset of the ``backlog``-th newest record of this shell's policy (the

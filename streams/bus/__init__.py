@@ -27,8 +27,7 @@ def kafka_bus(cfg: BusConfig, client_id: str = "rlstream") -> Bus:
     """A Kafka bus on ``cfg``'s brokers with its client security settings and the replication of
     the topics it creates (not namespaced)."""
     return make_bus("kafka", bootstrap=cfg.bootstrap, config=dict(cfg.security), client_id=client_id,
-                    replication_factor=cfg.replication.factor or -1,
-                    min_insync_replicas=cfg.replication.min_insync)
+                    **cfg.replication.bus_options())
 
 
 def in_namespace(bus: Bus, namespace: str) -> Bus:
