@@ -24,7 +24,7 @@ from runtime.ports import DEFAULT_PORTS
 from runtime.prune import DEFAULT_OLDER_THAN
 from streams.topics import TOPICS
 
-from .test_manifests import COMPOSE, K8S, ROOT, by_kind, config_map, deployments, load_yaml_docs
+from .test_manifests import COMPOSE, K8S, ROOT, by_kind, config_map, deployments, load_yaml_docs, pod_env
 
 GUIDE_GROUP = "rl-trainers"  # kafka-consumer-groups.sh --describe --group rl-trainers
 GUIDE_INFERENCE_LABEL = ("app", "inference-worker")  # kubectl get pods -l app=inference-worker
@@ -189,19 +189,6 @@ def test_the_guides_labels_and_consumer_group(docs, compose) -> None:
 
 
 # -- replication ----------------------------------------------------------------------------------
-
-def pod_env(c: dict[str, Any], cm: dict[str, str]) -> dict[str, str]:
-    """A container's environment as the kubelet gives it: values, and ConfigMap keys resolved
-    (Secret references, which no file here holds, left out)."""
-    out = {}
-    for e in c.get("env", []):
-        ref = e.get("valueFrom", {}).get("configMapKeyRef")
-        if "value" in e:
-            out[e["name"]] = e["value"]
-        elif ref is not None and ref["name"] == "rlstream-config":
-            out[e["name"]] = cm[ref["key"]]
-    return out
-
 
 def test_every_kafka_role_creates_its_topics_at_replication_3_with_2_in_sync(docs) -> None:
     """The one setting (``RLSTREAM_REPLICATION_FACTOR``, ``RLSTREAM_MIN_INSYNC_REPLICAS``) in the

@@ -32,7 +32,7 @@ from tests.faults.conftest import private_kafka  # noqa: F401 (fixture)
 from tests.support import Role, wait_for
 from tests.support.ports import free_port
 
-from .test_manifests import COMPOSE, K8S, ROOT, config_map, load_yaml_docs, role_of, rlstream_services
+from .test_manifests import COMPOSE, K8S, ROOT, config_map, load_yaml_docs, pod_env, role_of, rlstream_services
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow]
 
@@ -71,10 +71,7 @@ def k8s_containers(cm_values: dict[str, str]) -> dict[str, tuple[list[str], dict
         for c in spec["containers"]:
             if not c["image"].startswith("rlstream"):
                 continue
-            env: dict[str, str] = {}
-            for e in c.get("env", []):
-                ref = e.get("valueFrom", {}).get("configMapKeyRef")
-                env[e["name"]] = cm_values[ref["key"]] if ref else e["value"]
+            env = pod_env(c, cm_values)  # the optional object-store Secret does not exist here: unset
             argv = [*c["command"], *c.get("args", [])]
             # the kubelet's $(VAR) expansion, from the container's own variables
             argv = [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), a) for a in argv]

@@ -258,6 +258,19 @@ def config_map(k8s_docs: list[dict[str, Any]]) -> dict[str, Any]:
     return cm
 
 
+def pod_env(c: dict[str, Any], cm: dict[str, str]) -> dict[str, str]:
+    """A container's environment as the kubelet gives it: values, and ConfigMap keys resolved
+    (Secret references, which no file here holds, left out)."""
+    out = {}
+    for e in c.get("env", []):
+        ref = e.get("valueFrom", {}).get("configMapKeyRef")
+        if "value" in e:
+            out[e["name"]] = e["value"]
+        elif ref is not None and ref["name"] == "rlstream-config":
+            out[e["name"]] = cm[ref["key"]]
+    return out
+
+
 def is_rlstream_image(image: str) -> bool:
     return image.split(":")[0] in ("rlstream", "rlstream-gpu")
 
