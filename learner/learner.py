@@ -13,7 +13,8 @@ a time-based one (daily by default, ``snapshot_interval_s``, on the injected ``c
 store keeps by its own retention (``keep_timed``).
 
 Versions are immutable and monotonic: a resumed or rolled-back learner publishes a NEW version
-(number = newest published + 1) whose parent is the snapshot it restored.
+(number = 1 + the newest published or restored, whichever is newer) whose parent is the snapshot
+it restored.
 
 Exactly-once training across restarts: every snapshot stores the input offsets its state has
 consumed and the ids of the batches it trained on; a resumed learner seeks to those offsets,
@@ -142,7 +143,9 @@ class Learner:
                                              expect=PreparedBatch, start=start)
         self.ranks.settle(self.consumer, SAMPLES_PREPARED,
                           lambda: len(self.events.bus.end_offsets(SAMPLES_PREPARED)), restored)
-        self.version = published
+        # a version number once allocated is never reused: a snapshot's version may be newer than
+        # the topic's newest (taken while its publish could not reach the broker, then lost)
+        self.version = max(published, self.model_version)
         if self.snapshots is not None:
             newest = newest_timed_ms(self.snapshots) if self.config.snapshot_interval_s else None
             self.schedule = SnapshotSchedule(self.config.snapshot_every, self.config.snapshot_interval_s, self.clock,

@@ -241,7 +241,8 @@ class LocalCluster:
     def describe(self, topics: Iterable[str], timeout: float = 30.0) -> dict[str, list[dict]]:
         """topic -> per partition {partition, leader, replicas, isr} (node ids; leader -1: none),
         from ``describe_topics``. Asked again while the cluster is settling (a node just lost:
-        the request went to it), until ``timeout``."""
+        the request went to it; a topic just made: the node asked has not had its metadata yet,
+        which Kafka spreads to each broker on its own time), until ``timeout``."""
         from confluent_kafka import KafkaException, TopicCollection
 
         topics = list(topics)
@@ -260,8 +261,9 @@ class LocalCluster:
                 return out
             except (KafkaException, concurrent.futures.TimeoutError) as e:
                 err = e.args[0] if e.args else None
+                settling = "Timed out" in str(err) or "UNKNOWN_TOPIC_OR_PART" in str(err)
                 if time.monotonic() >= deadline or (hasattr(err, "retriable") and not err.retriable()
-                                                    and "Timed out" not in str(err)):
+                                                    and not settling):
                     raise BrokerError(f"describe_topics {topics}: {e}") from None
                 self._admin_client = None  # a fresh client: fresh metadata
                 time.sleep(0.25)

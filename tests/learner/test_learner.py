@@ -159,6 +159,25 @@ def test_resume_restores_state_seeks_to_snapshot_offsets_and_keeps_versions_mono
         assert torch.equal(t, snap_weights[k])
 
 
+def test_a_snapshot_newer_than_the_topic_is_never_renumbered(events, tmp_path):
+    """Cut off from the broker, a learner snapshots versions whose publishes never land; the
+    learner resumed from such a snapshot numbers on from it, not from the topic's newest."""
+    store = open_store(tmp_path, keep_last=None)
+    lr = make(events, store)
+    lr.start()
+    train(lr, events, 3)
+    lr.snapshot()
+    assert store.latest() == 3
+    lr.close()
+    behind = EventBus(MemoryBus(), Codec())  # its newest version: 1 (2 and 3 never reached it)
+    behind.bus.create_topics(all_topics())
+    for v in versions(events)[:2]:
+        behind.publish(POLICY_VERSIONS, v, key=v.policy_id)
+    lr2 = make(behind, store)
+    lr2.start(resume=True)
+    assert [(v.version, v.parent_version) for v in versions(behind)][-1] == (4, 3)
+
+
 def test_resume_before_the_first_snapshot_retrains_from_the_log_start(events, tmp_path):
     """Killed after two committed updates but before any snapshot: the restarted learner starts
     from the initial weights, so it must train those batches again, not skip to the commit."""
