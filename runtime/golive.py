@@ -14,8 +14,10 @@ Where the figures live:
   ``streams*.summary.json`` (freshness over all workers' checked samples); the state files
   (``*.state.json``) only when a role wrote no summary (a run stopped early).
 
-``timeline.json`` (co-located runs record one line per progress line) is plotted over time when
-it holds latency or freshness; no run's figures over time are made up where it does not.
+``timeline.json`` (one line per progress line, with the window's ``policy_latency_p99_ms`` and
+``freshness``: a co-located run's from its ``Progress``, a decoupled run's from its supervisor,
+``rlstream.decoupled.RunMonitor``, over the children's state files) is plotted over time when it
+holds latency or freshness; no run's figures over time are made up where it does not.
 """
 
 from __future__ import annotations
