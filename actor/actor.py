@@ -254,4 +254,5 @@ class Actor:
         """What this actor did (the role protocol's summary)."""
         return {"role": "actor", "actor_id": self.config.actor_id, "steps": self.steps, "seq": self.seq,
                 "rejected_fragments": self.rejected, "policy_versions_adopted": self.subscriber.adopted,
-                "cut_fragments": self.cut_fragments}
+                "cut_fragments": self.cut_fragments,
+                "startup_adoption_ms": None if (lat := self.subscriber.startup_latency_s) is None else round(lat * 1e3, 3)}

@@ -15,6 +15,12 @@ takes the next one.
 at least ``lag`` versions behind the newest received, so every fragment is K versions stale when
 it leaves the actor and the whole pipeline (staleness window, importance weights, V-trace) sees
 real staleness; until ``lag`` versions exist it acts with the first one it received.
+
+Policy latency (``on_latency``, the guide's go-live figure): seconds from the learner publishing a
+version to this subscriber adopting it in place of the version it was acting with. The first
+adoption of each subscriber (a new or restarted actor taking its first policy, whichever version
+that is and however long ago it was published) ends the actor's start-up rather than measuring
+publish-to-use, so it is not counted there but kept apart in ``startup_latency_s``.
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ class PolicySubscriber:
         self.version: int = -1
         self.version_created_ms: int = 0
         self.adopted = self.failed = 0
+        self.startup_latency_s: float | None = None  # the first adoption's (module doc)
         self.last_error: Exception | None = None
         self.lag = lag
         self.newest = -1  # the newest version received (with a lag, ahead of ``version``)
@@ -96,7 +103,9 @@ class PolicySubscriber:
         self.version_created_ms = u.created_at_ms
         self.adopted += 1
         lat = u.latency_s()
-        if lat is not None and self.on_latency is not None:
+        if self.adopted == 1:
+            self.startup_latency_s = lat
+        elif lat is not None and self.on_latency is not None:
             self.on_latency(lat)
         return True
 

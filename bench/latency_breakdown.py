@@ -5,9 +5,16 @@ Wraps the steps that can run between the two (the learner's snapshot, its per-up
 progress line, the stream worker, the actor's weight load, the GradientStep event) with timers,
 runs a short co-located training, and attributes each adoption's latency to them. Prints JSON:
 per-version latency, per-phase totals, the latency quantiles, and the same with snapshots every
-update vs never (the peer figure: the one phase that scales with the model).
+update vs never (the peer figure: the one phase that scales with the model). Garbage-collector
+pauses are a phase too (``gc.callbacks``).
+
+Each run also reports the run summary's ``policy_latency_ms`` (``after``: the actors' adoptions
+of versions published while they were acting) beside the same run's adoptions with the start-up
+one counted in (``before``: version 0, published before the actor and its env are built, as the
+summary counted it until the start-up adoption was kept apart, ``startup_adoption_ms``).
 
     python bench/latency_breakdown.py --env Pendulum-v1 --batch 512 --updates 30
+    python bench/latency_breakdown.py --env HalfCheetah-v5 --algo agro --batch 2048 --updates 16 --only-default
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ from runtime.progress import quantiles_ms
 
 PHASES = {  # name: (module, class or None, attribute)
     "learner_snapshot": ("learner.learner", "Learner", "snapshot"),
-    "learner_step_event": ("learner.learner", "Learner", "_after_publish"),
+    "events_flush": ("streams.events", "EventBus", "flush"),  # the GradientStep event's, after the version's
+    "offset_commit": ("streams.events", "EventConsumer", "commit"),
+    "follower_poll": ("streams.policy.follower", "PolicyFollower", "poll"),
     "progress_line": ("runtime.progress", "Progress", "maybe_log"),
     "stream_worker": ("streams.worker", "PrepareWorker", "step"),
     "weight_load": ("actor.policy_client", None, "load_policy"),
@@ -54,14 +63,26 @@ def timed_phases(spans: list[tuple[str, float, float]]):
 
         setattr(owner, attr, wrap)
         undo.append((owner, attr, orig))
+    import gc
+
+    started: list[float] = []
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            spans.append(("gc", started.pop(), time.perf_counter()))
+
+    gc.callbacks.append(on_gc)
     try:
         yield
     finally:
+        gc.callbacks.remove(on_gc)
         for owner, attr, orig in undo:
             setattr(owner, attr, orig)
 
 
-def run(env: str, batch: int, updates: int, snapshot_every: int) -> dict:
+def run(env: str, batch: int, updates: int, snapshot_every: int, algo: str = "ppo") -> dict:
     import streams.policy.publish as publish
     from rlstream.colocated import run_colocated
 
@@ -78,9 +99,9 @@ def run(env: str, batch: int, updates: int, snapshot_every: int) -> dict:
 
     learner_mod.publish_policy_version = publish_timed
     with tempfile.TemporaryDirectory() as tmp, timed_phases(spans):
-        cfg = TrainConfig(env_id=env, train_batch_size=batch, total_steps=batch * updates, run_dir=Path(tmp),
-                          snapshot_every=snapshot_every, plot=False, metrics_port=-1, log_every_s=1.0,
-                          torch_threads=1)
+        cfg = TrainConfig(env_id=env, algo=algo, train_batch_size=batch, total_steps=batch * updates,
+                          run_dir=Path(tmp), snapshot_every=snapshot_every, plot=False, metrics_port=-1,
+                          log_every_s=1.0, torch_threads=1, tensorboard=None)
         from actor import policy_client
 
         orig_poll = policy_client.PolicySubscriber.poll
@@ -94,11 +115,11 @@ def run(env: str, batch: int, updates: int, snapshot_every: int) -> dict:
 
         policy_client.PolicySubscriber.poll = poll
         try:
-            run_colocated(cfg)
+            summary = run_colocated(cfg)
         finally:
             policy_client.PolicySubscriber.poll = orig_poll
             learner_mod.publish_policy_version = orig_publish
-    rows, totals = [], {n: 0.0 for n in PHASES}
+    rows, totals = [], {n: 0.0 for n in [*PHASES, "gc"]}
     for t_adopt, version in adopted:
         t_pub = published.get(version)
         if t_pub is None or version == 0:
@@ -111,11 +132,18 @@ def run(env: str, batch: int, updates: int, snapshot_every: int) -> dict:
         lat = t_adopt - t_pub
         rows.append({"version": version, "latency_ms": round(lat * 1e3, 3),
                      **{k: round(v * 1e3, 3) for k, v in inside.items()},
-                     "other_ms": round((lat - sum(v for k, v in inside.items() if k != "weight_load")) * 1e3, 3)})
+                     # not in a timed phase (gc pauses run inside the others: not subtracted)
+                     "other_ms": round((lat - sum(v for k, v in inside.items() if k != "gc")) * 1e3, 3)})
         for k, v in inside.items():
             totals[k] += v
     lats = [r["latency_ms"] / 1e3 for r in rows]
+    after = summary["policy_latency_ms"]
+    startup = summary.get("startup_adoption_ms")
+    # the summary's values are not kept one by one: its adoptions are ``rows`` (this bench's clock)
+    before = quantiles_ms(lats + ([startup / 1e3] if startup is not None else []))
     return {"snapshot_every": snapshot_every, "adoptions": len(rows), "latency_ms": quantiles_ms(lats),
+            "summary_policy_latency_ms_after": after, "startup_adoption_ms": startup,
+            "policy_latency_ms_startup_counted_before": before,
             "phase_total_ms": {k: round(v * 1e3, 2) for k, v in totals.items() if v},
             "worst": sorted(rows, key=lambda r: -r["latency_ms"])[:5]}
 
@@ -125,11 +153,18 @@ def main() -> None:
     p.add_argument("--env", default="Pendulum-v1")
     p.add_argument("--batch", type=int, default=512)
     p.add_argument("--updates", type=int, default=30)
+    p.add_argument("--algo", default="ppo")
+    p.add_argument("--only-default", action="store_true", help="only the default snapshot schedule")
     a = p.parse_args()
-    out = {"bench": "latency_breakdown", "env": a.env, "batch": a.batch, "updates": a.updates,
-           "default_snapshots": run(a.env, a.batch, a.updates, 10),
-           "peer_every_update": run(a.env, a.batch, a.updates, 1),
-           "peer_no_snapshots": run(a.env, a.batch, a.updates, 0)}
+    import os
+
+    out = {"bench": "latency_breakdown", "env": a.env, "algo": a.algo, "batch": a.batch, "updates": a.updates,
+           "cpus": os.cpu_count(), "loadavg_before": os.getloadavg(),
+           "default_snapshots": run(a.env, a.batch, a.updates, 10, a.algo)}
+    if not a.only_default:
+        out["peer_every_update"] = run(a.env, a.batch, a.updates, 1, a.algo)
+        out["peer_no_snapshots"] = run(a.env, a.batch, a.updates, 0, a.algo)
+    out["loadavg_after"] = os.getloadavg()
     print(json.dumps(out, indent=2))
 
 

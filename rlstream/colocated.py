@@ -161,7 +161,8 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
         "streams": stats,
         "duplicates_skipped": learner.stats.duplicates_skipped,
         "env_rejected_fragments": sum(a.rejected for a in actors),
-        "policy_latency_ms": quantiles_ms(latencies),
+        "policy_latency_ms": quantiles_ms(latencies),  # start-up adoptions apart (actor.policy_client)
+        "startup_adoption_ms": _worst_startup(actors),
         "policy_lag": {"mean": round(lags["total"] / lags["batches"], 4) if lags["batches"] else 0.0,
                        "max": lags["max"], "fragments": lags["batches"]},
         "overlap": times.as_dict() if times is not None else None,
@@ -172,6 +173,12 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
         summary["tensorboard"] = str(Path(cfg.tensorboard) / cfg.effective_run_id())
     (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _worst_startup(actors: list[Any]) -> float | None:
+    """The slowest actor's first adoption (ms): start-up, not policy latency."""
+    lats = [a.subscriber.startup_latency_s for a in actors if a.subscriber.startup_latency_s is not None]
+    return round(max(lats) * 1e3, 3) if lats else None
 
 
 class Pinned:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import itertools
 import json
 import os
 import signal
@@ -39,7 +40,7 @@ from config.env import (
     RankEnv,
 )
 from runtime.ports import LIVENESS_PROBE, STARTUP_PROBE, Probe
-from runtime.progress import Progress, quantiles_ms, read_state
+from runtime.progress import TIMELINE_FILE, Progress, quantiles_ms, read_state
 from runtime.roles import Slot, clear_summaries, drive, read_summaries, summary_path, write_summary
 from runtime.tensorboard import TensorBoardRun
 from config.runfile import CONFIG_FILE
@@ -48,6 +49,11 @@ from streams.topics import SAMPLES_PREPARED, SAMPLES_RAW, STREAMS_GROUP
 
 #: File in a decoupled run's directory naming its namespace (``--resume`` reads it).
 NAMESPACE_FILE = "namespace"
+
+#: An actor's state file carries its newest policy latencies, at most this many (with their
+#: running count): the supervisor takes those of each progress window (``RunMonitor``). A window
+#: with more adoptions than this per actor is reported on the newest ones.
+RECENT_LATENCIES = 256
 
 
 def _consumer_lag_gauge(metrics: Metrics, bus, group: str, topic: str):
@@ -93,13 +99,24 @@ def run_actor(cfg: TrainConfig, index: int | None, log: Any = None, stop: thread
     events = wiring.build_events(bus, metrics)
     flow = wiring.build_flow(cfg, bus, metrics, log)
 
+    latencies: deque[float] = deque(maxlen=100_000)
+    counted = [0]  # policy latencies so far (the deque keeps the newest)
+
+    def on_latency(s: float) -> None:
+        latencies.append(s)
+        counted[0] += 1
+
     def stall() -> dict[str, Any]:
         return {"stalled": flow.stalled, "stalled_s": round(flow.stalled_for(), 1),
                 "steps_ahead": flow.gate.steps_ahead, "budget": flow.budget}
 
-    progress = Progress(total_steps=cfg.actor_budget(), log_every_s=cfg.log_every_s, log=log, extra=stall,
+    def live() -> dict[str, Any]:  # the supervisor's timeline takes each window's latencies from these
+        return {**stall(), "policy_latency_count": counted[0],
+                "policy_latency_recent_ms": [round(x * 1e3, 3) for x in
+                                             reversed(list(itertools.islice(reversed(latencies), RECENT_LATENCIES)))]}
+
+    progress = Progress(total_steps=cfg.actor_budget(), log_every_s=cfg.log_every_s, log=log, extra=live,
                         state_path=state_path(cfg, name))
-    latencies: deque[float] = deque(maxlen=100_000)
     tb = TensorBoardRun(cfg.tensorboard, cfg.effective_run_id(), name)
 
     collect_s = [0.0]  # time spent collecting and publishing (waits left out): the actor's own rate
@@ -113,7 +130,7 @@ def run_actor(cfg: TrainConfig, index: int | None, log: Any = None, stop: thread
         tb.sps(progress.steps)
 
     actor = wiring.build_actor(cfg, events, metrics, index, on_batch=on_batch, log=log, flow=flow,
-                               on_latency=latencies.append, actor_id=name)
+                               on_latency=on_latency, actor_id=name)
     if health is not None:
         health.register("policy", lambda: (actor.subscriber.policy is not None,
                                            {"version": actor.subscriber.version}))
@@ -279,13 +296,53 @@ def _tail(path: Path, n: int) -> list[str]:
 
 class RunMonitor:
     """Progress lines of a decoupled run, like co-located mode's, from the children's state files
-    (``Progress.state_path``) and the groups' lags on the bus."""
+    (``Progress.state_path``) and the groups' lags on the bus.
+
+    Each line also carries the go-live figures of its window (since the line before), as a
+    co-located run's do: ``policy_latency_p99_ms`` over every actor's policy latencies of the window
+    (their state files' newest latencies and running count), and ``freshness``, the fresh share of
+    the samples the stream workers (``streams``: their names) checked in the window (their state
+    files' running counts; a child restarted, another ``pid``, counts again from 0). Every line is kept,
+    with its time since the start (``t_s``), in ``<run_dir>/timeline.json`` (rewritten at each
+    line), what ``rlstream validate`` plots."""
 
     def __init__(self, cfg: TrainConfig, bus: Any, actors: list[str], log: Any = None,
-                 restarts: dict[str, int] | None = None) -> None:
+                 restarts: dict[str, int] | None = None, streams: list[str] = ()) -> None:
         self.cfg, self.bus, self.actors, self.log = cfg, bus, actors, log
+        self.streams = list(streams)
         self.restarts = restarts if restarts is not None else {}  # role -> restarts so far (live)
         self._last = (time.perf_counter(), 0)
+        self.started = time.perf_counter()
+        self.timeline: list[dict[str, Any]] = []
+        self._latency_seen: dict[str, tuple[Any, int]] = {}  # actor -> (pid, latencies counted so far)
+        self._fresh_seen: dict[str, tuple[Any, int, int]] = {}  # stream worker -> (pid, fresh, checked)
+
+    def _window_latency_p99(self, states: dict[str, dict[str, Any]]) -> float | None:
+        window: list[float] = []
+        for name, st in states.items():
+            count, recent = st.get("policy_latency_count"), st.get("policy_latency_recent_ms") or []
+            if not isinstance(count, int):
+                continue
+            pid, seen = self._latency_seen.get(name, (None, 0))
+            new = count - seen if st.get("pid") == pid else count  # another process: restarted, from 0
+            self._latency_seen[name] = (st.get("pid"), count)
+            if new > 0:
+                window += recent[-new:]
+        return quantiles_ms([ms / 1e3 for ms in window]).get("p99")
+
+    def _window_freshness(self) -> float | None:
+        fresh = checked = 0
+        for name in self.streams:
+            st = read_state(self.cfg.run_dir / f"{name}.state.json") or {}
+            f, c = st.get("fresh_samples"), st.get("checked_samples")
+            if not (isinstance(f, int) and isinstance(c, int)):
+                continue
+            pid, f0, c0 = self._fresh_seen.get(name, (None, 0, 0))
+            if st.get("pid") != pid:  # another process: restarted, its counts start from 0
+                f0 = c0 = 0
+            self._fresh_seen[name] = (st.get("pid"), f, c)
+            fresh, checked = fresh + f - f0, checked + c - c0
+        return round(fresh / checked, 4) if checked else None
 
     def _lag(self, group: str, topic: str) -> int | None:
         try:
@@ -318,6 +375,8 @@ class RunMonitor:
             "stalled": sorted(n for n, st in states.items() if st.get("stalled")),
             "learner_idle_s": learner.get("idle_s"),
             "restarts": {n: k for n, k in sorted(self.restarts.items()) if k},
+            "policy_latency_p99_ms": self._window_latency_p99(states),
+            "freshness": self._window_freshness(),
         }
 
     def _learner_state(self) -> dict[str, Any]:
@@ -329,6 +388,11 @@ class RunMonitor:
 
     def log_line(self) -> dict[str, Any]:
         fields = self.fields()
+        self.timeline.append({"t_s": round(time.perf_counter() - self.started, 3), **fields})
+        path = self.cfg.run_dir / TIMELINE_FILE
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(self.timeline))
+        tmp.replace(path)
         if self.log is not None:
             self.log.info("progress", **fields)
             if fields["stalled"]:
@@ -564,7 +628,7 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     env = env if env is not None else Environment.read()
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     (cfg.run_dir / NAMESPACE_FILE).write_text(cfg.bus.namespace + "\n")
-    for old in cfg.run_dir.glob("*.state.json"):
+    for old in [*cfg.run_dir.glob("*.state.json"), *cfg.run_dir.glob(TIMELINE_FILE)]:
         old.unlink()  # a previous run's figures are not this run's
     clear_summaries(cfg.run_dir)
     config_path = write_config(child_config(cfg), cfg.run_dir / CONFIG_FILE)
@@ -574,11 +638,12 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
 
     bus = wiring.build_bus(cfg.bus)  # create the topics before anyone subscribes; read lags from it
     actors = [f"actor-{i}" for i in range(cfg.num_actors)]
-    monitor = RunMonitor(cfg, bus, actors, log, restarts=sup.restarts)
+    commands = child_commands(cfg, config_path)
+    monitor = RunMonitor(cfg, bus, actors, log, restarts=sup.restarts,
+                         streams=[n for n in commands if n.startswith("streams")])
     drain_s = max(30.0, 3 * min(cfg.log_every_s, 60.0))  # children write their state every second
     rc, ended = None, "stopped"  # why the run ended: learner_done, drained or stopped (a signal)
     try:
-        commands = child_commands(cfg, config_path)
         ports = metrics_ports(list(commands))
         for name, cmd in commands.items():
             health = f"http://127.0.0.1:{ports[name]}{LIVENESS_PROBE.path}"  # every child serves /healthz

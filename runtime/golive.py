@@ -8,14 +8,21 @@ read; a figure the run did not record is ``absent`` (said, not guessed)::
 
 Where the figures live:
 
+Policy latency is the guide's: from the learner publishing a version to an actor that was acting
+with an older one using it. An actor's first adoption (of whichever version is newest when it
+starts, however long ago that was published) ends its start-up; the summaries keep it apart
+(``startup_adoption_ms``) and the row's note shows it.
+
 * co-located (``summary.json``): ``policy_latency_ms.p99``, ``gpu``, ``sps``, ``streams.freshness``;
 * decoupled: ``actor-<i>.summary.json`` (``policy_latency_ms``: the worst actor's p99),
   ``learner.summary.json`` (``gpu``; throughput = ``samples_trained / wall_s``), and
   ``streams*.summary.json`` (freshness over all workers' checked samples); the state files
   (``*.state.json``) only when a role wrote no summary (a run stopped early).
 
-``timeline.json`` (co-located runs record one line per progress line) is plotted over time when
-it holds latency or freshness; no run's figures over time are made up where it does not.
+``timeline.json`` (one line per progress line, with the window's ``policy_latency_p99_ms`` and
+``freshness``: a co-located run's from its ``Progress``, a decoupled run's from its supervisor,
+``rlstream.decoupled.RunMonitor``, over the children's state files) is plotted over time when it
+holds latency or freshness; no run's figures over time are made up where it does not.
 """
 
 from __future__ import annotations
@@ -105,6 +112,11 @@ def _gpu(block: Any, source: str) -> tuple[float | str | None, str, str]:
     return mean, f"{source} gpu.utilization_pct_mean", f"{block.get('samples', 0)} samples"
 
 
+def _startup(ms: Any) -> str:
+    """The note on the actors' first adoptions, which end their start-up and are not policy latency."""
+    return "" if _num(ms) is None else f"; start-up adoption {ms:g} ms apart, not counted"
+
+
 def colocated_figures(run: Path, summary: dict[str, Any]) -> dict[str, tuple[Any, str, str]]:
     lat = summary.get("policy_latency_ms") or {}
     p99 = _num(lat.get("p99"))
@@ -113,7 +125,8 @@ def colocated_figures(run: Path, summary: dict[str, Any]) -> dict[str, tuple[Any
     checked = streams.get("checked_samples")
     return {
         "policy_latency_p99_ms": (p99, "summary.json policy_latency_ms.p99",
-                                  f"{lat.get('count', 0)} adoptions" if p99 is not None else
+                                  f"{lat.get('count', 0)} adoptions{_startup(summary.get('startup_adoption_ms'))}"
+                                  if p99 is not None else
                                   "no policy latency recorded (no version adopted, or a run from before it was)"),
         "gpu_utilization_pct": _gpu(summary.get("gpu"), "summary.json"),
         "throughput_sps": (_num(summary.get("sps")), "summary.json sps", "env steps / run wall time"),
@@ -141,8 +154,11 @@ def decoupled_figures(run: Path) -> dict[str, tuple[Any, str, str]]:
     p99s = {n: v for n, v in p99s.items() if v is not None}
     if p99s:
         worst = max(p99s, key=p99s.__getitem__)
+        startups = [v for s in actors.values() if (v := _num(s.get("startup_adoption_ms"))) is not None]
         out["policy_latency_p99_ms"] = (p99s[worst], f"{worst}.summary.json policy_latency_ms.p99",
-                                        f"worst of {len(p99s)} actor(s)")
+                                        f"worst of {len(p99s)} actor(s), "
+                                        f"{(actors[worst].get('policy_latency_ms') or {}).get('count', 0)} adoptions"
+                                        f"{_startup(max(startups) if startups else None)}")
     else:
         out["policy_latency_p99_ms"] = (None, "actor-*.summary.json", "no actor recorded a policy latency")
 

@@ -332,7 +332,8 @@ class _Shared:
 
         self.policy_latency = Histogram(
             "policy_latency_seconds",
-            "Time from the learner publishing a policy version to an actor using it.",
+            "Time from the learner publishing a policy version to a running actor using it "
+            "(an actor's first adoption, its start-up, is not counted).",
             R, namespace=NAMESPACE, registry=r, buckets=LATENCY_BUCKETS,
         )
         self.policy_lag_versions = Gauge(
@@ -576,7 +577,8 @@ class Metrics:
     # -- policy latency and lag -----------------------------------------
 
     def observe_policy_latency(self, seconds: float) -> None:
-        """Learner published a version -> this actor first used it, in seconds.
+        """Learner published a version -> this actor, already acting with an older one, used it,
+        in seconds (``actor.policy_client``: an actor's first adoption is its start-up, not this).
 
         Negative values (clock skew between hosts) are clamped to 0.
         """

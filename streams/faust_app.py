@@ -329,6 +329,10 @@ class StreamsApp:
         async def gap_watch():
             await self.watch_gaps()
 
+        @app.timer(self.settings.state_interval_s, name="state-file")
+        async def state_file():
+            self.write_state()
+
         @app.timer(self.settings.stats_interval_s, name="stats-log")
         async def stats_log():
             log.info("prepare stats %s", json.dumps(self.prepare.stats.as_dict(), sort_keys=True))
@@ -573,6 +577,23 @@ class StreamsApp:
     # -- output -----------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
         return {**self.core.summary(), "consumer_rewinds": self.acks.rewinds}
+
+    def write_state(self) -> None:
+        """``<run-dir>/<process>.state.json``: the worker's freshness counts so far (the decoupled
+        supervisor's progress lines and ``timeline.json`` take each window's freshness from them);
+        nothing when the run directory is not set."""
+        if not self.settings.run_dir:
+            return
+        from pathlib import Path
+
+        from runtime.progress import write_state
+
+        st = self.prepare.stats.as_dict()
+        try:
+            write_state(Path(self.settings.run_dir) / f"{self.settings.process_name}.state.json",
+                        {k: st[k] for k in ("fresh_samples", "checked_samples")})
+        except OSError as e:
+            log.warning("could not write the state file: %r", e)
 
     def write_summary(self) -> None:
         """One ``{"summary": ...}`` line on the real stdout (the worker redirects ``sys.stdout``),

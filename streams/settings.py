@@ -46,6 +46,9 @@ class StreamsSettings:
     """How often reorder timeouts are checked."""
     stats_interval_s: float = 30.0
     """How often the processor stats are logged."""
+    state_interval_s: float = 1.0
+    """How often the freshness counts are written to ``<run_dir>/<process_name>.state.json``
+    (with ``run_dir`` set: what a decoupled run's supervisor reads)."""
     prepare: PrepareConfig = field(default_factory=PrepareConfig)
     """The pipeline settings."""
     client_config: Mapping[str, str] = field(default_factory=dict, repr=False)

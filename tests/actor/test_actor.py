@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -189,3 +191,27 @@ def test_a_lagged_actor_acts_with_the_version_k_behind_the_newest_received(event
     assert actor.step().policy_version == 4  # nothing new arrived: it keeps its version
     with pytest.raises(ValueError):
         PolicySubscriber(events, "policy", "other", lag=-1)
+
+
+def test_policy_latency_leaves_out_the_start_up_adoption(events):
+    """Version 0, published before the actor exists, is adopted at its first step: that wait is
+    the actor's start-up, kept apart; a version published while it acts is policy latency."""
+    from streams.policy.publish import publish_policy_version
+
+    def publish(v: int) -> None:
+        publish_policy_version(events, make_policy_version(Policy(3, 1), policy_id="policy", version=v,
+                                                           parent_version=None, learner_id="test", algo="ppo"))
+
+    publish(0)
+    t_published = time.perf_counter()
+    got: list[float] = []
+    sub = PolicySubscriber(events, "policy", "actor", on_latency=got.append)
+    actor = Actor(ActorConfig(env_id="Pendulum-v1", num_envs=1, fragment_steps=10), sub, events)
+    while time.perf_counter() - t_published < 0.2:  # start-up takes a while (env, imports)
+        time.sleep(0.01)
+    actor.step()
+    assert sub.version == 0 and got == [] and sub.startup_latency_s >= 0.2
+    publish(1)
+    actor.step()
+    assert sub.version == 1 and len(got) == 1 and got[0] < sub.startup_latency_s
+    assert actor.summary()["startup_adoption_ms"] == round(sub.startup_latency_s * 1e3, 3)

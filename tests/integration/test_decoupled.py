@@ -236,7 +236,7 @@ def test_train_decoupled_smoke(rl_topics, tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "rlstream.cli", "train", "--mode", "decoupled", "--algo", "ppo",
                           "--env", ENV_ID, "--total-steps", "2048", "--train-batch-size", "1024",
                           "--bootstrap", rl_topics, "--run-dir", str(run_dir), "--metrics-port", "-1",
-                          "--log-every", "60", "--policy-id", f"smoke-{uuid.uuid4().hex[:8]}"],
+                          "--log-every", "2", "--policy-id", f"smoke-{uuid.uuid4().hex[:8]}"],
                          cwd=str(ROOT), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     try:
@@ -282,9 +282,19 @@ def test_train_decoupled_smoke(rl_topics, tmp_path):
     # every child was probed (liveness, as the manifests' probe) and none was restarted
     assert summary["restarts"] == {} and summary["restart_reasons"] == []
 
+    # the supervisor's progress lines over time: each window's latency (every actor's adoptions
+    # in it) and freshness (the stream workers' checked samples in it), in timeline.json
+    timeline = json.loads((run_dir / "timeline.json").read_text())
+    assert len(timeline) >= 2 and all(b["t_s"] > a["t_s"] for a, b in zip(timeline, timeline[1:]))
+    p99s = [ln["policy_latency_p99_ms"] for ln in timeline if ln["policy_latency_p99_ms"] is not None]
+    assert p99s and max(p99s) == procs["actor-0"]["policy_latency_ms"]["max"]  # no adoption lost
+    assert [ln["freshness"] for ln in timeline if ln["freshness"] is not None] != []
+    assert all(ln["freshness"] == 1.0 for ln in timeline if ln["freshness"] is not None)
+
     # the go-live report of this real decoupled run: every row filled, or absent only for want of a GPU
-    report = golive.check(run_dir, plot=False)
+    report = golive.check(run_dir)
     assert report["mode"] == "decoupled"
+    assert report["plot"] == str(run_dir / golive.PLOT_FILE) and (run_dir / golive.PLOT_FILE).stat().st_size > 0
     got = {r["metric"]: r for r in report["rows"]}
     assert set(got) == set(golive.THRESHOLDS)
     for metric in ("policy_latency_p99_ms", "throughput_sps", "freshness_pct"):

@@ -28,7 +28,8 @@ def decoupled_run(run: Path, fresh=(700, 150), gpu=None) -> Path:
     write(run, "config.json", {"mode": "decoupled"})
     write(run, "summary.json", {"mode": "decoupled", "ended": "learner_done"})
     write(run, "actor-0.summary.json", {"policy_latency_ms": {"count": 50, "p50": 3.0, "p99": 42.5}})
-    write(run, "actor-1.summary.json", {"policy_latency_ms": {"count": 40, "p50": 9.0, "p99": 120.0}})
+    write(run, "actor-1.summary.json", {"policy_latency_ms": {"count": 40, "p50": 9.0, "p99": 120.0},
+                                         "startup_adoption_ms": 2500.0})
     write(run, "learner.summary.json", {"samples_trained": 120_000, "wall_s": 8.0,
                                          "gpu": gpu or {"status": "ok", "devices": 1, "samples": 8,
                                                         "utilization_pct_mean": 90.0}})
@@ -48,6 +49,9 @@ def test_decoupled_figures_from_the_role_summaries(tmp_path):
     }
     sources = {r["metric"]: r["source"] for r in report["rows"]}
     assert sources["policy_latency_p99_ms"].startswith("actor-1.summary.json")
+    notes = {r["metric"]: r["note"] for r in report["rows"]}
+    assert notes["policy_latency_p99_ms"] == ("worst of 2 actor(s), 40 adoptions; "
+                                              "start-up adoption 2500 ms apart, not counted")
     assert report["plot"] is None and "no timeline.json" in report["plot_note"]
 
 
@@ -100,8 +104,14 @@ def test_a_real_colocated_run_fills_every_row_and_plots_its_timeline(tmp_path, c
                       log_every_s=0.0, plot=False, torch_threads=1, bus=BusConfig(log_dir=str(tmp_path / "log")))
     summary = run_colocated(cfg)
     assert summary["policy_latency_ms"]["count"] >= 3  # versions 1-3 adopted by the actor
+    # version 0, adopted at the actor's first step, ended its start-up: apart, not policy latency
+    actor = json.loads((tmp_path / "actor-0.summary.json").read_text())
+    assert actor["policy_versions_adopted"] == summary["policy_latency_ms"]["count"] + 1
+    assert summary["startup_adoption_ms"] == actor["startup_adoption_ms"] > 0
     report = golive.check(tmp_path)
     got = rows(report)
+    note = {r["metric"]: r["note"] for r in report["rows"]}["policy_latency_p99_ms"]
+    assert f"start-up adoption {summary['startup_adoption_ms']:g} ms apart, not counted" in note
     assert report["mode"] == "colocated"
     p99, status = got["policy_latency_p99_ms"]
     assert p99 == summary["policy_latency_ms"]["p99"] and status == ("pass" if p99 < 10 else "fail")
