@@ -46,6 +46,7 @@ the seconds since the previous update ended, and ``gpu_util()`` (percent; None: 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -77,7 +78,9 @@ from streams.policies import (
     newest_version,
     publish_policy_version,
 )
-from streams.topics import LEARNER_STEPS, SAMPLES_PREPARED
+from streams.topics import LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_PREPARED
+
+log = logging.getLogger(__name__)
 
 
 class Learner:
@@ -145,6 +148,10 @@ class Learner:
                           lambda: len(self.events.bus.end_offsets(SAMPLES_PREPARED)), restored)
         # a version number once allocated is never reused: a snapshot's version may be newer than
         # the topic's newest (taken while its publish could not reach the broker, then lost)
+        if published < self.model_version:  # diagnostic: CI once read 4 here on a topic holding 0..32
+            log.warning("the newest published version of %s reads %d, older than the restored snapshot's %d "
+                        "(policy topic ends %s); numbering on from %d", self.config.policy_id, published,
+                        self.model_version, self.events.bus.end_offsets(POLICY_VERSIONS), self.model_version)
         self.version = max(published, self.model_version)
         if self.snapshots is not None:
             newest = newest_timed_ms(self.snapshots) if self.config.snapshot_interval_s else None

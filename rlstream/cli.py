@@ -15,6 +15,7 @@ from typing import Any
 from config.env import Environment
 from config.storage import ObjectStoreConfig
 from runtime.ports import DEFAULT_PORTS, KNOWN_COMMANDS, metrics_port
+from runtime.prune import DEFAULT_OLDER_THAN
 
 
 def _kv(items: list[str] | None) -> dict[str, Any]:
@@ -244,8 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prune", help="remove run directories (logs, TensorBoard, event log) older than a bound")
     p.add_argument("runs_dir", type=Path, nargs="?", default=Path("runs"), metavar="RUNS_DIR",
                    help="directory of run directories (default: runs); runs/latest's target is never removed")
-    p.add_argument("--older-than", default="30d", metavar="AGE",
-                   help="age of a run's newest file past which it goes: 30d (default), 12h, 90m, ...")
+    p.add_argument("--older-than", default=DEFAULT_OLDER_THAN, metavar="AGE",
+                   help=f"age of a run's newest file past which it goes: {DEFAULT_OLDER_THAN} (default), 12h, 90m, ...")
     p.add_argument("--yes", action="store_true", help="remove them (default: a dry run that only lists them)")
 
     _add_time_travel(sub)

@@ -195,7 +195,19 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "queued.max.messages.kbytes": 128 * 1024,
 }
 
+#: Every client's settings on a replicated cluster (factor above 1), where a partition's leader
+#: can die while its followers carry on. librdkafka learns of the new leader only from a metadata
+#: refresh, which a failed reconnect to the dead one triggers; its reconnect backoff grows to 10 s
+#: by default, so a producer to a SIGKILLed leader sat idle ~10 s after the cluster had already
+#: moved leadership (tests/faults/test_cluster_faults.py). At most 1 s between tries bounds that.
+REPLICATED_CLIENT_DEFAULTS: dict[str, Any] = {"reconnect.backoff.max.ms": 1000}
+
 _TIMEOUT = 10.0  # seconds, for metadata / offset / commit requests
+#: Seconds one offset or metadata request may take before it is asked again. A request to a leader
+#: or coordinator that was just SIGKILLed waits out its whole timeout; asked again, it goes where
+#: the refreshed metadata says. Uncapped, the learner's lag reading held it 10 s after a broker's
+#: death (tests/faults/test_cluster_faults.py).
+_ATTEMPT_S = 2.5
 
 
 def _err(e: BaseException) -> KafkaError | None:
@@ -244,6 +256,11 @@ def is_retriable(err: KafkaError | None) -> bool:
     """Whether a call that failed with ``err`` may succeed if simply repeated (``RETRIABLE``, or
     librdkafka flagged it so); never for a fatal error."""
     return err is not None and not err.fatal() and (err.code() in RETRIABLE or err.retriable())
+
+
+#: How long topic creation asks again when the cluster lists fewer brokers than the replication
+#: factor before refusing (``KafkaBus._check_replication``; CI once saw 2 of 3 just after start).
+REGISTRATION_GRACE_S = 5.0
 
 
 def retrying(what: str, call: Any, timeout: float = _TIMEOUT, on_retry: Any = None) -> Any:
@@ -319,7 +336,7 @@ class KafkaBus(Bus):
         self.produce_timeout = produce_timeout
         self.outage_wait = outage_wait
         self.common = {"bootstrap.servers": self.bootstrap, "client.id": client_id, "logger": _RD_LOGGER,
-                       **(config or {})}
+                       **(REPLICATED_CLIENT_DEFAULTS if replication_factor > 1 else {}), **(config or {})}
         self.consumer_config = {**CONSUMER_DEFAULTS, **self.common, **(consumer_config or {})}
         pconf = {**PRODUCER_DEFAULTS, **self.common, **(producer_config or {})}
         self.producer_config = dict(pconf)  # effective settings, for reports
@@ -448,13 +465,20 @@ class KafkaBus(Bus):
     def _check_replication(self, names: list[str], timeout: float) -> None:
         """Raise ``ReplicationError`` if a topic of ``names`` does not exist yet and the cluster
         has fewer brokers alive than ``replication_factor`` (topics that exist are left alone: a
-        role restarting while one broker is down carries on)."""
-        md = retrying("cannot read the cluster's metadata",
-                      lambda left: self._admin.list_topics(timeout=max(left, 1.0)), timeout,
-                      on_retry=self.check_auth)
-        missing = [n for n in names if n not in md.topics or md.topics[n].error is not None]
-        if missing and len(md.brokers) < self.replication_factor:
-            raise ReplicationError(self.replication_factor, len(md.brokers), self.bootstrap, missing)
+        role restarting while one broker is down carries on). Too few brokers are asked about
+        again for ``REGISTRATION_GRACE_S``: each broker learns of the others on its own time, so
+        one asked just after ``rlstream broker start`` may not list them all yet."""
+        grace = time.monotonic() + min(REGISTRATION_GRACE_S, timeout)
+        while True:
+            md = retrying("cannot read the cluster's metadata",
+                          lambda left: self._admin.list_topics(timeout=max(left, 1.0)), timeout,
+                          on_retry=self.check_auth)
+            missing = [n for n in names if n not in md.topics or md.topics[n].error is not None]
+            if not missing or len(md.brokers) >= self.replication_factor:
+                return
+            if time.monotonic() >= grace:
+                raise ReplicationError(self.replication_factor, len(md.brokers), self.bootstrap, missing)
+            time.sleep(0.25)
 
     def add_partitions(self, topic: str, total: int, timeout: float = 30.0) -> None:
         """Grow ``topic`` to ``total`` partitions (Kafka cannot shrink one). Keys hash to new
@@ -558,7 +582,7 @@ class KafkaBus(Bus):
             return n
         try:
             md = retrying(f"cannot read metadata of {topic} from {self.bootstrap}",
-                          lambda t: self._admin.list_topics(topic=topic, timeout=t).topics.get(topic),
+                          lambda t: self._admin.list_topics(topic=topic, timeout=min(t, _ATTEMPT_S)).topics.get(topic),
                           on_retry=self.check_auth)
         except BusError:
             self.check_auth()
@@ -583,10 +607,21 @@ class KafkaBus(Bus):
                 if self._meta is None:
                     self._meta = _RdConsumer({**self.consumer_config, "group.id": f"rlstream-meta-{uuid.uuid4().hex}"})
         tp = TopicPartition(topic, partition)
+
+        def refresh() -> None:
+            """Before asking again: fresh metadata. The request goes to the leader librdkafka has
+            cached, which a timeout does not refresh; a SIGKILLed leader kept the learner's lag
+            reading waiting 15 s after leadership had moved."""
+            self.check_auth()
+            try:
+                self._meta.list_topics(topic=topic, timeout=_ATTEMPT_S)
+            except KafkaException:
+                pass  # the next attempt retries, or fails with the reason
+
         try:
             return retrying(f"cannot read offsets of {topic}[{partition}]",
-                            lambda t: self._meta.get_watermark_offsets(tp, timeout=t, cached=False),
-                            on_retry=self.check_auth)
+                            lambda t: self._meta.get_watermark_offsets(tp, timeout=min(t, _ATTEMPT_S), cached=False),
+                            on_retry=refresh)
         except BusError:
             self.check_auth()
             raise
@@ -614,7 +649,8 @@ class KafkaBus(Bus):
                 reader = self._group_readers[group] = _RdConsumer(
                     {**self.consumer_config, "group.id": group, "error_cb": self._on_client_error})
         res = retrying(f"cannot read committed offsets of group {group} on {topic}",
-                       lambda t: _first_error(reader.committed([TopicPartition(topic, p) for p in parts], timeout=t)))
+                       lambda t: _first_error(reader.committed([TopicPartition(topic, p) for p in parts],
+                                                               timeout=min(t, _ATTEMPT_S))))
         committed = {tp.partition: tp.offset for tp in res if tp.error is None}
         return {p: committed[p] if committed.get(p, -1) >= 0 else self._watermarks(topic, p)[0] for p in parts}
 
@@ -772,7 +808,7 @@ class KafkaConsumer(Consumer):
         if need:
             try:
                 for p in retrying(f"committed offsets of group {self.group}",
-                                  lambda t: _first_error(consumer.committed(need, timeout=t))):
+                                  lambda t: _first_error(consumer.committed(need, timeout=min(t, _ATTEMPT_S)))):
                     if p.error is None and p.offset >= 0:
                         committed[(p.topic, p.partition)] = p.offset
             except BusError as e:
@@ -895,7 +931,7 @@ class KafkaConsumer(Consumer):
             return {}
         tps = [TopicPartition(t, p) for t, p in self._positions]
         res = retrying(f"committed offsets of group {self.group}",
-                       lambda t: _first_error(self._c.committed(tps, timeout=t)))
+                       lambda t: _first_error(self._c.committed(tps, timeout=min(t, _ATTEMPT_S))))
         return {(p.topic, p.partition): p.offset for p in res if p.error is None and p.offset >= 0}
 
     def seek(self, topic: str, partition: int, offset: int) -> None:

@@ -244,14 +244,17 @@ def sigkill_and_restart(cluster, rig, steps, updates, node: int, what: str, succ
     over) and for training to go on without it, then restart it and wait until every partition
     is in sync again; the fault's row of the ledger."""
     before = steps.poll()
+    killed = time.monotonic()
     cluster.kill(node)
     new = successor()
     wait_for(updates(before + 2), 180, f"training while node {node} is down", every=0.2, on_timeout=rig.logs)
+    two_updates_s = round(time.monotonic() - killed, 1)
     down = steps.poll() - before
     start_node(cluster, node)
     cluster.wait_in_sync(STARTUP_S)
     return {"fault": f"SIGKILL of node {node}, {what}; {new} took over",
-            "updates_while_down": down, "updates_during_fault": steps.poll() - before}
+            "updates_while_down": down, "updates_during_fault": steps.poll() - before,
+            "kill_to_two_updates_s": two_updates_s}
 
 
 def test_the_cli_cluster_holds_replication_3_and_refuses_more(healthy, tmp_path):

@@ -159,9 +159,10 @@ def test_resume_restores_state_seeks_to_snapshot_offsets_and_keeps_versions_mono
         assert torch.equal(t, snap_weights[k])
 
 
-def test_a_snapshot_newer_than_the_topic_is_never_renumbered(events, tmp_path):
+def test_a_snapshot_newer_than_the_topic_is_never_renumbered(events, tmp_path, caplog):
     """Cut off from the broker, a learner snapshots versions whose publishes never land; the
-    learner resumed from such a snapshot numbers on from it, not from the topic's newest."""
+    learner resumed from such a snapshot numbers on from it, not from the topic's newest, and
+    says so in its log."""
     store = open_store(tmp_path, keep_last=None)
     lr = make(events, store)
     lr.start()
@@ -174,8 +175,10 @@ def test_a_snapshot_newer_than_the_topic_is_never_renumbered(events, tmp_path):
     for v in versions(events)[:2]:
         behind.publish(POLICY_VERSIONS, v, key=v.policy_id)
     lr2 = make(behind, store)
-    lr2.start(resume=True)
+    with caplog.at_level("WARNING", logger="learner.learner"):
+        lr2.start(resume=True)
     assert [(v.version, v.parent_version) for v in versions(behind)][-1] == (4, 3)
+    assert "reads 1, older than the restored snapshot's 3" in caplog.text
 
 
 def test_resume_before_the_first_snapshot_retrains_from_the_log_start(events, tmp_path):
