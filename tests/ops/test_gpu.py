@@ -75,3 +75,28 @@ def test_the_real_module_is_found_as_pynvml(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([[42]]))
     gpu = GpuSampler()
     assert gpu.sample() == 42.0 and gpu.summary()["utilization_pct_mean"] == 42.0
+
+
+def _real_gpus() -> int:
+    """Devices the real NVML sees (0: no nvidia-ml-py, no driver or no device)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return int(pynvml.nvmlDeviceGetCount())
+    except Exception:  # ImportError, NVMLError_*: no GPU here
+        return 0
+
+
+def test_where_a_gpu_exists_the_real_nvml_is_read():
+    """The fakes above stand in only where there is no GPU; on a GPU machine (the `gpu` extra
+    installed) the sampler reads the real NVML."""
+    import pytest
+
+    if _real_gpus() == 0:
+        pytest.skip("no GPU visible to NVML (or nvidia-ml-py not installed): the fakes above cover the path")
+    gpu = GpuSampler()
+    assert gpu.status == GPU_OK and gpu.available
+    pct = gpu.sample(force=True)
+    assert pct is not None and 0.0 <= pct <= 100.0
+    assert gpu.summary()["devices"] == _real_gpus()
