@@ -146,12 +146,12 @@ class Learner:
                                              expect=PreparedBatch, start=start)
         self.ranks.settle(self.consumer, SAMPLES_PREPARED,
                           lambda: len(self.events.bus.end_offsets(SAMPLES_PREPARED)), restored)
-        # a version number once allocated is never reused: a snapshot's version may be newer than
-        # the topic's newest (taken while its publish could not reach the broker, then lost)
         if published < self.model_version:  # diagnostic: CI once read 4 here on a topic holding 0..32
             log.warning("the newest published version of %s reads %d, older than the restored snapshot's %d "
                         "(policy topic ends %s); numbering on from %d", self.config.policy_id, published,
                         self.model_version, self.events.bus.end_offsets(POLICY_VERSIONS), self.model_version)
+        # a version number once allocated is never reused: a snapshot's version may be newer than
+        # the topic's newest (taken while its publish could not reach the broker, then lost)
         self.version = max(published, self.model_version)
         if self.snapshots is not None:
             newest = newest_timed_ms(self.snapshots) if self.config.snapshot_interval_s else None

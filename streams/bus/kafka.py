@@ -263,15 +263,20 @@ def is_retriable(err: KafkaError | None) -> bool:
 REGISTRATION_GRACE_S = 5.0
 
 
-def retrying(what: str, call: Any, timeout: float = _TIMEOUT, on_retry: Any = None) -> Any:
-    """``call(remaining_seconds)`` until it returns, retrying retriable Kafka errors (raised as
+def retrying(what: str, call: Any, timeout: float = _TIMEOUT, on_retry: Any = None,
+             attempt: float | None = None) -> Any:
+    """``call(seconds)`` until it returns, retrying retriable Kafka errors (raised as
     ``KafkaException``, or a ``KafkaError`` it returns in place of a result) with backoff until
     ``timeout`` has passed; then, or on any other Kafka error, ``BusError`` naming ``what``.
-    ``on_retry()`` runs before each retry (it may raise, e.g. ``BusAuthenticationError``)."""
+    ``seconds`` is what remains of ``timeout``, at most ``attempt`` (``_ATTEMPT_S`` for a request
+    that a dead leader would hold). ``on_retry()`` runs before each retry (it may raise, e.g.
+    ``BusAuthenticationError``)."""
     deadline = time.monotonic() + timeout
     pause = 0.05
     while True:
         left = max(0.1, deadline - time.monotonic())
+        if attempt is not None:
+            left = min(left, attempt)
         try:
             out = call(left)
             err = out if isinstance(out, KafkaError) else None
@@ -582,8 +587,8 @@ class KafkaBus(Bus):
             return n
         try:
             md = retrying(f"cannot read metadata of {topic} from {self.bootstrap}",
-                          lambda t: self._admin.list_topics(topic=topic, timeout=min(t, _ATTEMPT_S)).topics.get(topic),
-                          on_retry=self.check_auth)
+                          lambda t: self._admin.list_topics(topic=topic, timeout=t).topics.get(topic),
+                          on_retry=self.check_auth, attempt=_ATTEMPT_S)
         except BusError:
             self.check_auth()
             raise
@@ -620,8 +625,8 @@ class KafkaBus(Bus):
 
         try:
             return retrying(f"cannot read offsets of {topic}[{partition}]",
-                            lambda t: self._meta.get_watermark_offsets(tp, timeout=min(t, _ATTEMPT_S), cached=False),
-                            on_retry=refresh)
+                            lambda t: self._meta.get_watermark_offsets(tp, timeout=t, cached=False),
+                            on_retry=refresh, attempt=_ATTEMPT_S)
         except BusError:
             self.check_auth()
             raise
@@ -649,8 +654,8 @@ class KafkaBus(Bus):
                 reader = self._group_readers[group] = _RdConsumer(
                     {**self.consumer_config, "group.id": group, "error_cb": self._on_client_error})
         res = retrying(f"cannot read committed offsets of group {group} on {topic}",
-                       lambda t: _first_error(reader.committed([TopicPartition(topic, p) for p in parts],
-                                                               timeout=min(t, _ATTEMPT_S))))
+                       lambda t: _first_error(reader.committed([TopicPartition(topic, p) for p in parts], timeout=t)),
+                       attempt=_ATTEMPT_S)
         committed = {tp.partition: tp.offset for tp in res if tp.error is None}
         return {p: committed[p] if committed.get(p, -1) >= 0 else self._watermarks(topic, p)[0] for p in parts}
 
@@ -808,7 +813,7 @@ class KafkaConsumer(Consumer):
         if need:
             try:
                 for p in retrying(f"committed offsets of group {self.group}",
-                                  lambda t: _first_error(consumer.committed(need, timeout=min(t, _ATTEMPT_S)))):
+                                  lambda t: _first_error(consumer.committed(need, timeout=t)), attempt=_ATTEMPT_S):
                     if p.error is None and p.offset >= 0:
                         committed[(p.topic, p.partition)] = p.offset
             except BusError as e:
@@ -931,7 +936,7 @@ class KafkaConsumer(Consumer):
             return {}
         tps = [TopicPartition(t, p) for t, p in self._positions]
         res = retrying(f"committed offsets of group {self.group}",
-                       lambda t: _first_error(self._c.committed(tps, timeout=min(t, _ATTEMPT_S))))
+                       lambda t: _first_error(self._c.committed(tps, timeout=t)), attempt=_ATTEMPT_S)
         return {(p.topic, p.partition): p.offset for p in res if p.error is None and p.offset >= 0}
 
     def seek(self, topic: str, partition: int, offset: int) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 import types
 
+import pytest
+
 from runtime.gpu import GPU_OK, NO_GPU, GpuSampler
 
 
@@ -91,8 +93,6 @@ def _real_gpus() -> int:
 def test_where_a_gpu_exists_the_real_nvml_is_read():
     """The fakes above stand in only where there is no GPU; on a GPU machine (the `gpu` extra
     installed) the sampler reads the real NVML."""
-    import pytest
-
     if _real_gpus() == 0:
         pytest.skip("no GPU visible to NVML (or nvidia-ml-py not installed): the fakes above cover the path")
     gpu = GpuSampler()

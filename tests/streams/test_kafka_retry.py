@@ -59,6 +59,16 @@ def test_retrying_rides_out_retriable_errors():
     assert len(calls) == 4 and all(0 < t <= 30 for t in calls)
 
 
+def test_each_attempt_gets_at_most_its_cap_of_what_remains():
+    """A request to a dead leader waits out the seconds it is given: with ``attempt`` each try
+    is cut short and asked again (where fresh metadata points), within the same deadline."""
+    call, calls = _failing([KafkaError(KafkaError._TIMED_OUT)] * 2)
+    assert retrying("read offsets", call, timeout=30, attempt=2.5) == "ok"
+    assert len(calls) == 3 and all(0 < t <= 2.5 for t in calls)
+    call, calls = _failing([])
+    assert retrying("read offsets", call, timeout=30) == "ok" and calls[0] > 2.5  # no cap: what remains
+
+
 def test_retrying_raises_other_errors_at_once():
     call, calls = _failing([KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)])
     with pytest.raises(BusError, match="read offsets.*TOPIC_AUTHORIZATION_FAILED"):
