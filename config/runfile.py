@@ -5,6 +5,7 @@ once by ``rlstream train --mode decoupled`` and read by every child; ``config.tr
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ def write_run_config(config: dict[str, Any], path: str | Path) -> Path:
     """Write ``config`` under the current schema, atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # two writers never share a temp file
     tmp.write_text(json.dumps({"schema": CONFIG_SCHEMA, "config": config}, indent=2, sort_keys=True) + "\n")
     tmp.replace(path)
     return path

@@ -171,11 +171,12 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
                 metrics: Metrics | None = None, health: Any = None, rank: RankEnv | None = None) -> dict[str, Any]:
     from learner import distributed
 
-    write_effective_config(cfg, "learner")
+    rank = rank or RankEnv()
+    role = "learner" if rank.rank == 0 else f"learner-rank{rank.rank}"  # each rank its own files
+    write_effective_config(cfg, role)
     _set_threads(cfg)
     stop = stop or threading.Event()
     metrics = metrics or Metrics(role="learner")
-    rank = rank or RankEnv()
     if rank.world_size > 1:  # one of N data-parallel ranks (docs/learners.md)
         device = distributed.parse_devices(cfg.device, cfg.learners or rank.world_size)[rank.local_rank]
         cfg = replace(cfg, device=device, tensorboard=cfg.tensorboard if rank.rank == 0 else None)
@@ -194,7 +195,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
         return {"idle_s": round(time.monotonic() - last_update[0], 1)}
 
     progress = Progress(total_steps=cfg.total_steps, log_every_s=cfg.log_every_s, log=log, extra=idle,
-                        state_path=state_path(cfg, "learner" if rank.rank == 0 else f"learner-rank{rank.rank}"))
+                        state_path=state_path(cfg, role))
     breaker = wiring.build_backlog_breaker(cfg, metrics)
     lag = _consumer_lag_gauge(metrics, bus, STREAMS_GROUP, SAMPLES_RAW)
     tb = TensorBoardRun(cfg.tensorboard, cfg.effective_run_id(), "learner")

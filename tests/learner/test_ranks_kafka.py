@@ -118,6 +118,8 @@ def test_two_ranks_train_every_batch_once_and_version_monotonically(run, tmp_pat
     assert_monotonic(versions)
     assert len(versions) == 1 + len(steps)  # the start, then one per update
     assert [s.to_version for s in steps] == [v.version for v in versions[1:]]
+    for name in ("learner", "learner-rank1"):  # each rank records its own config (never one shared file)
+        assert (tmp_path / "run" / f"{name}.config.json").exists(), name
     text = (tmp_path / "learner.log").read_text()
     assert '"rank_summary"' in text and '"world_size": 2' in text
     ns = Namespace(run.ns)

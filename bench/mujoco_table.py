@@ -1,0 +1,163 @@
+"""The MuJoCo table: co-located PPO at a fixed step budget on the v5 locomotion tasks, several
+seeds, each run as ``rlstream train --env <task>`` runs it (the task's preset from
+``config.algos.ENV_PRESETS``, no flags), set beside the published figures of the two references
+people compare with.
+
+Each (task, seed) is one ``bench.algorithms.train_one`` run (``run_colocated``, then a
+deterministic evaluation of the final PolicyVersion on 10 episodes seeded 10000 + i). Runs go to
+``--jobs`` worker processes (one torch thread each); a run whose result file exists is not run
+again, so an interrupted table resumes. ``--render`` only rebuilds the table and plot.
+
+References (training return of the stochastic policy for CleanRL, a deterministic evaluation
+for the zoo; both at 1M steps on the v4 / v3 tasks, which have the same dynamics and rewards as
+v5 up to the contact-force terms):
+
+- CleanRL ``ppo_continuous_action.py``, Open RL Benchmark tag ``pr-424`` (MuJoCo v4, 3 seeds),
+  as printed in docs/rl-algorithms/ppo.md of vwxyzjn/cleanrl;
+- RL Baselines3 Zoo ``benchmark.md`` (commit 0088472, one tuned run per task, MuJoCo v3).
+
+    python bench/mujoco_table.py --envs Hopper-v5 Walker2d-v5 Ant-v5 Humanoid-v5 --seeds 0 1 2
+    python bench/mujoco_table.py --render runs/bench-mujoco
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+#: task family -> (mean, std) of the published PPO figure at 1M steps; None: not published.
+CLEANRL_PPO = {"HalfCheetah": (1442.64, 46.03), "Hopper": (2382.86, 271.74), "Walker2d": (2287.95, 571.78),
+               "Humanoid": (716.11, 49.08), "Ant": None}
+ZOO_PPO = {"HalfCheetah": (5819.10, 663.53), "Hopper": (2410.44, 10.03), "Walker2d": (3478.80, 821.71),
+           "Ant": (1327.16, 451.58), "Humanoid": None}
+SOURCES = {"cleanrl": "CleanRL ppo_continuous_action.py, Open RL Benchmark tag pr-424, MuJoCo v4, 1M steps, "
+                      "training episodic return, 3 seeds (vwxyzjn/cleanrl docs/rl-algorithms/ppo.md)",
+           "zoo": "RL Baselines3 Zoo benchmark.md @0088472, PPO, MuJoCo v3, 1M steps, deterministic evaluation "
+                  "of one tuned run (std over its evaluation episodes)"}
+
+
+def _one(job: tuple[str, int, int, str, int]) -> dict:
+    env_id, seed, steps, out, episodes = job
+    import torch
+    torch.set_num_threads(1)
+    from bench.algorithms import train_one
+    from config import TrainConfig
+    from config.algos import env_family
+
+    out_dir = Path(out) / env_family(env_id)
+    result = train_one("ppo", env_id, steps, seed, out_dir, episodes)
+    result.update(env=env_id, preset=TrainConfig(algo="ppo", env_id=env_id).preset_name())
+    (out_dir / f"ppo-seed{seed}.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _result_file(out: Path, env_id: str, seed: int) -> Path:
+    from config.algos import env_family
+    return out / env_family(env_id) / f"ppo-seed{seed}.json"
+
+
+def collect(out: Path) -> list[dict]:
+    return [json.loads(f.read_text()) for f in sorted(out.glob("*/ppo-seed*.json"))]
+
+
+def _ms(xs: list[float]) -> dict:
+    return {"mean": round(float(np.mean(xs)), 1), "std": round(float(np.std(xs)), 1), "n": len(xs)}
+
+
+def _ref(table: dict, family: str) -> str:
+    v = table.get(family)
+    return f"{v[0]:.0f} ± {v[1]:.0f}" if v else "-"
+
+
+def render(runs: list[dict], steps: int) -> tuple[list[dict], str]:
+    rows, lines = [], [
+        "| task | preset | seeds | eval return (deterministic) | train return (last 20) | CleanRL PPO | zoo PPO "
+        "| wall s / run | SPS |", "|---|---|---|---|---|---|---|---|---|"]
+    for env_id in dict.fromkeys(r["env"] for r in runs):
+        rs = [r for r in runs if r["env"] == env_id]
+        family = env_id.rpartition("-")[0]
+        row = {"env": env_id, "preset": rs[0].get("preset"), "seeds": sorted(r["seed"] for r in rs),
+               "eval": _ms([r["eval"] for r in rs]), "train_last20": _ms([r["train_last20"] for r in rs]),
+               "wall_s": _ms([r["wall_s"] for r in rs]), "sps": _ms([r["sps"] for r in rs]),
+               "cleanrl": CLEANRL_PPO.get(family), "zoo": ZOO_PPO.get(family)}
+        rows.append(row)
+        lines.append(f"| {env_id} | {row['preset'] or '-'} | {len(rs)} | {row['eval']['mean']:.0f} ± "
+                     f"{row['eval']['std']:.0f} | {row['train_last20']['mean']:.0f} ± {row['train_last20']['std']:.0f} "
+                     f"| {_ref(CLEANRL_PPO, family)} | {_ref(ZOO_PPO, family)} | {row['wall_s']['mean']:.0f} "
+                     f"| {row['sps']['mean']:.0f} |")
+    return rows, "\n".join(lines)
+
+
+def plot(runs: list[dict], out: Path, steps: int, path: Path) -> None:
+    """One panel per task: training return against env steps, one line per seed, and the
+    published references as dashed lines."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    envs = list(dict.fromkeys(r["env"] for r in runs))
+    fig, axes = plt.subplots(1, len(envs), figsize=(4 * len(envs), 3.6), squeeze=False)
+    for ax, env_id in zip(axes[0], envs):
+        family = env_id.rpartition("-")[0]
+        for r in (r for r in runs if r["env"] == env_id):
+            curve = out / family / f"ppo-seed{r['seed']}" / "curve.json"
+            if curve.exists():
+                c = json.loads(curve.read_text())
+                ax.plot(c["steps"], c["returns"], lw=0.6, alpha=0.8, label=f"seed {r['seed']}")
+        for name, table, style in (("CleanRL", CLEANRL_PPO, "--"), ("zoo", ZOO_PPO, ":")):
+            if table.get(family):
+                ax.axhline(table[family][0], ls=style, color="k", lw=1, label=f"{name} PPO @1M")
+        ax.set(title=env_id, xlabel="env steps")
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("training episode return")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--envs", nargs="+", default=["Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5"])
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--steps", type=int, default=1_000_000)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--eval-episodes", type=int, default=10)
+    ap.add_argument("--out", type=Path, default=Path("runs/bench-mujoco"))
+    ap.add_argument("--render", action="store_true", help="only rebuild the table and plot from --out")
+    ap.add_argument("--name", default=None, help="write <name>.json/.md/.png beside the runs (default: table)")
+    a = ap.parse_args()
+    out = a.out.resolve()
+    t0 = time.perf_counter()
+    if not a.render:
+        # seed-major order: every task gets its first seed before any gets its second
+        jobs = [(e, s, a.steps, str(out), a.eval_episodes) for s in a.seeds for e in a.envs
+                if not _result_file(out, e, s).exists()]
+        with mp.get_context("spawn").Pool(max(1, a.jobs), maxtasksperchild=1) as pool:
+            for r in pool.imap_unordered(_one, jobs):
+                print(json.dumps({"env": r["env"], "seed": r["seed"], "eval": round(r["eval"], 1),
+                                  "wall_s": r["wall_s"]}), flush=True)
+    runs = collect(out)
+    rows, md = render(runs, a.steps)
+    name = a.name or "table"
+    doc = {"bench": "mujoco_table", "steps_per_run": a.steps, "sources": SOURCES, "rows": rows, "runs": runs,
+           "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "jobs": a.jobs, "threads": 1},
+           "wall_s": round(time.perf_counter() - t0, 1)}
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (out / f"{name}.md").write_text(md + "\n")
+    plot(runs, out, a.steps, out / f"{name}.png")
+    print(md)
+    print(json.dumps({"rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
