@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.algorithms import evaluate, policy_versions  # noqa: E402
+from bench.algorithms import _ms, evaluate, policy_versions  # noqa: E402
 from bench.decoupled import private_broker  # noqa: E402
 from config import BusConfig, TrainConfig  # noqa: E402
 from streams.policies import load_policy  # noqa: E402
@@ -100,10 +100,6 @@ def time_to(run: dict, target: float) -> float | None:
     """Wall seconds until the run's training return (mean of 20) first reached ``target``."""
     return next((e["t_s"] for e in run["timeline"] if (e.get("return_mean20") or -np.inf) >= target), None)
 
-
-def _ms(xs: list) -> dict:
-    xs = [x for x in xs if x is not None]
-    return {"mean": round(float(np.mean(xs)), 1), "std": round(float(np.std(xs)), 1), "n": len(xs)} if xs else {}
 
 
 def table(runs: list[dict], reach: float) -> tuple[list[dict], str, float | None]:

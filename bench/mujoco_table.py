@@ -31,9 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.algorithms import _ms  # noqa: E402
 
 #: task family -> (mean, std) of the published PPO figure at 1M steps; None: not published.
 CLEANRL_PPO = {"HalfCheetah": (1442.64, 46.03), "Hopper": (2382.86, 271.74), "Walker2d": (2287.95, 571.78),
@@ -69,9 +69,6 @@ def _result_file(out: Path, env_id: str, seed: int) -> Path:
 def collect(out: Path) -> list[dict]:
     return [json.loads(f.read_text()) for f in sorted(out.glob("*/ppo-seed*.json"))]
 
-
-def _ms(xs: list[float]) -> dict:
-    return {"mean": round(float(np.mean(xs)), 1), "std": round(float(np.std(xs)), 1), "n": len(xs)}
 
 
 def _ref(table: dict, family: str) -> str:
