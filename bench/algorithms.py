@@ -89,11 +89,11 @@ def policy_versions(log_dir: Path) -> dict[int, PolicyVersion]:
         bus.close()
 
 
-def train_one(name: str, env_id: str, steps: int, seed: int, out: Path, episodes: int) -> dict:
+def train_one(name: str, env_id: str, steps: int, seed: int, out: Path, episodes: int, preset: str = "auto") -> dict:
     algo, run, overrides = CASES[name]
     run_dir = out / f"{name}-seed{seed}"
     cfg = TrainConfig(algo=algo, env_id=env_id, total_steps=steps, seed=seed, run_dir=run_dir, log_every_s=1e9,
-                      snapshot_every=0, metrics_port=-1, algo_overrides=overrides,
+                      snapshot_every=0, metrics_port=-1, algo_overrides=overrides, preset=preset,
                       bus=BusConfig(log_dir=str(run_dir / "log")), **run)
     t0 = time.perf_counter()
     summary = run_colocated(cfg)

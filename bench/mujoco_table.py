@@ -46,8 +46,8 @@ SOURCES = {"cleanrl": "CleanRL ppo_continuous_action.py, Open RL Benchmark tag p
                   "of one tuned run (std over its evaluation episodes)"}
 
 
-def _one(job: tuple[str, int, int, str, int]) -> dict:
-    env_id, seed, steps, out, episodes = job
+def _one(job: tuple[str, int, int, str, int, str]) -> dict:
+    env_id, seed, steps, out, episodes, preset = job
     import torch
     torch.set_num_threads(1)
     from bench.algorithms import train_one
@@ -55,8 +55,8 @@ def _one(job: tuple[str, int, int, str, int]) -> dict:
     from config.algos import env_family
 
     out_dir = Path(out) / env_family(env_id)
-    result = train_one("ppo", env_id, steps, seed, out_dir, episodes)
-    result.update(env=env_id, preset=TrainConfig(algo="ppo", env_id=env_id).preset_name())
+    result = train_one("ppo", env_id, steps, seed, out_dir, episodes, preset=preset)
+    result.update(env=env_id, preset=TrainConfig(algo="ppo", env_id=env_id, preset=preset).preset_name())
     (out_dir / f"ppo-seed{seed}.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
@@ -88,7 +88,7 @@ def render(runs: list[dict], steps: int) -> tuple[list[dict], str]:
                "wall_s": _ms([r["wall_s"] for r in rs]), "sps": _ms([r["sps"] for r in rs]),
                "cleanrl": CLEANRL_PPO.get(family), "zoo": ZOO_PPO.get(family)}
         rows.append(row)
-        lines.append(f"| {env_id} | {row['preset'] or '-'} | {len(rs)} | {row['eval']['mean']:.0f} ± "
+        lines.append(f"| {env_id} | {row['preset'] or 'none (CleanRL)'} | {len(rs)} | {row['eval']['mean']:.0f} ± "
                      f"{row['eval']['std']:.0f} | {row['train_last20']['mean']:.0f} ± {row['train_last20']['std']:.0f} "
                      f"| {_ref(CLEANRL_PPO, family)} | {_ref(ZOO_PPO, family)} | {row['wall_s']['mean']:.0f} "
                      f"| {row['sps']['mean']:.0f} |")
@@ -129,6 +129,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--eval-episodes", type=int, default=10)
+    ap.add_argument("--preset", default="auto", help="auto (each task's default preset), none (CleanRL's "
+                    "settings, PPO's own row), or a preset name")
     ap.add_argument("--out", type=Path, default=Path("runs/bench-mujoco"))
     ap.add_argument("--render", action="store_true", help="only rebuild the table and plot from --out")
     ap.add_argument("--name", default=None, help="write <name>.json/.md/.png beside the runs (default: table)")
@@ -137,7 +139,7 @@ def main() -> None:
     t0 = time.perf_counter()
     if not a.render:
         # seed-major order: every task gets its first seed before any gets its second
-        jobs = [(e, s, a.steps, str(out), a.eval_episodes) for s in a.seeds for e in a.envs
+        jobs = [(e, s, a.steps, str(out), a.eval_episodes, a.preset) for s in a.seeds for e in a.envs
                 if not _result_file(out, e, s).exists()]
         with mp.get_context("spawn").Pool(max(1, a.jobs), maxtasksperchild=1) as pool:
             for r in pool.imap_unordered(_one, jobs):

@@ -50,3 +50,34 @@ def test_decoupled_staleness_bench_holds_the_actors_k_versions_behind(tmp_path, 
         assert r["samples_trained"] >= 20480 and lost == {}, {k: v for k, v in r.items() if k != "curve"}
     # measured at the real stream processor: K behind the newest, plus at most the queue's own lag
     assert 3 <= lag[3]["max_lag"] <= 5 and lag[3]["mean_lag"] > lag[0]["mean_lag"] + 1
+
+
+def test_mujoco_table_runs_each_task_with_its_preset_beside_the_published_figures(tmp_path):
+    subprocess.run([sys.executable, "bench/mujoco_table.py", "--envs", "Hopper-v5", "--seeds", "0", "--steps", "1024",
+                    "--jobs", "1", "--eval-episodes", "1", "--out", str(tmp_path)], cwd=ROOT, check=True, timeout=1200)
+    doc = json.loads((tmp_path / "table.json").read_text())
+    (row,) = doc["rows"]
+    assert row["env"] == "Hopper-v5" and row["preset"] == "zoo" and row["seeds"] == [0]
+    assert row["cleanrl"] == [2382.86, 271.74] and row["zoo"] == [2410.44, 10.03]
+    (run,) = doc["runs"]
+    assert run["steps"] >= 1024 and run["updates"] == 2  # the zoo's 512-step updates, not CleanRL's 2048
+    assert (tmp_path / "table.png").stat().st_size > 0
+    # a second invocation finds the run's result and does not train again
+    subprocess.run([sys.executable, "bench/mujoco_table.py", "--envs", "Hopper-v5", "--seeds", "0", "--steps", "1024",
+                    "--jobs", "1", "--out", str(tmp_path)], cwd=ROOT, check=True, timeout=600)
+    assert json.loads((tmp_path / "table.json").read_text())["runs"] == doc["runs"]
+
+
+@pytest.mark.kafka
+def test_guide_runs_bench_sets_decoupled_agro_beside_colocated_ppo(tmp_path, kafka_bootstrap):
+    subprocess.run([sys.executable, "bench/guide_runs.py", "--env", "Ant-v5", "--steps", "4096", "--seeds", "0",
+                    "--eval-episodes", "1", "--bootstrap", kafka_bootstrap, "--out", str(tmp_path)],
+                   cwd=ROOT, check=True, timeout=1200)
+    doc = json.loads((tmp_path / "guide.json").read_text())
+    runs = {r["arm"]: r for r in doc["runs"]}
+    assert set(runs) == {"ppo-colocated", "agro-decoupled"}
+    for r in runs.values():
+        assert r["steps"] >= 4096 and r["final_version"] >= 1 and r["timeline"], r["arm"]
+        assert 0 < r["freshness"] <= 1 and r["lag_versions"]["count"] > 0
+    assert runs["ppo-colocated"]["preset"] == "zoo" and doc["target_return"] is not None
+    assert (tmp_path / "guide.png").stat().st_size > 0
