@@ -14,6 +14,8 @@ while the learner updates.
 from __future__ import annotations
 
 import json
+import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -23,6 +25,11 @@ from typing import Any, Protocol, runtime_checkable
 
 #: Suffix of a role's summary file in its run directory: ``<run-dir>/<role>.summary.json``.
 SUMMARY_SUFFIX = ".summary.json"
+#: A round of ``drive`` running this long is logged as stalled (again every as long), with where
+#: the driving thread is: a role blocked in a client call stays visible (and diagnosable) in its log.
+STALL_WARN_S = 20.0
+
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -57,16 +64,71 @@ def drive(slots: Sequence[Slot], *, done: Callable[[], bool] = lambda: False,
     ``on_round`` runs after each round (progress lines, heartbeats, flushes). Roles are not
     closed here: the caller does, after its own shutdown work (a learner's last snapshot)."""
     stop = stop or threading.Event()
-    while True:
-        if done():
-            return "done"
-        if stop.is_set():
-            return "stopped"
-        if deadline is not None and time.monotonic() >= deadline:
-            return "deadline"
-        _step(slots, stop)
-        if on_round is not None:
-            on_round()
+    with RoundWatchdog(slots) as watch:
+        while True:
+            if done():
+                return "done"
+            if stop.is_set():
+                return "stopped"
+            if deadline is not None and time.monotonic() >= deadline:
+                return "deadline"
+            watch.begin()
+            _step(slots, stop)
+            if on_round is not None:
+                on_round()
+            watch.end()
+
+
+class RoundWatchdog:
+    """Logs a WARNING when one round of ``drive`` has run ``warn_s`` seconds (and again every
+    ``warn_s``), naming the roles and the innermost frames of the thread that drives them: a role
+    blocked in a call that neither returns nor logs (a client waiting on a dead broker) says so,
+    and where, instead of going silent."""
+
+    def __init__(self, slots: Sequence[Slot], warn_s: float = STALL_WARN_S) -> None:
+        self.roles = ", ".join(type(s.role).__name__ for s in slots)
+        self.warn_s = warn_s
+        self.warnings = 0
+        self._thread_id = threading.get_ident()
+        self._started: float | None = None
+        self._closed = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="round-watchdog", daemon=True)
+
+    def __enter__(self) -> RoundWatchdog:
+        self._watcher.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._closed.set()
+        self._watcher.join(5)
+
+    def begin(self) -> None:
+        self._started = time.monotonic()
+
+    def end(self) -> None:
+        self._started = None
+
+    def where(self) -> str:
+        """The innermost frames (up to 6) of the driving thread, innermost first."""
+        frame, out = sys._current_frames().get(self._thread_id), []
+        while frame is not None and len(out) < 6:
+            code = frame.f_code
+            out.append(f"{code.co_qualname} ({'/'.join(code.co_filename.rsplit('/', 2)[-2:])}:{frame.f_lineno})")
+            frame = frame.f_back
+        return " <- ".join(out) or "unknown"
+
+    def _watch(self) -> None:
+        warned_at: float | None = None
+        while not self._closed.wait(min(1.0, self.warn_s / 4)):
+            started = self._started
+            if started is None:
+                warned_at = None
+                continue
+            now = time.monotonic()
+            if now - started >= self.warn_s and (warned_at is None or now - warned_at >= self.warn_s):
+                warned_at = now
+                self.warnings += 1
+                log.warning("round of %s running for %.0fs, in %s", self.roles, now - started, self.where())
 
 
 def _step(slots: Sequence[Slot], stop: threading.Event) -> None:

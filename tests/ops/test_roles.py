@@ -13,8 +13,8 @@ from actor.actor import Actor
 from learner.learner import Learner
 from rlstream.colocated import run_colocated
 from config import BusConfig, TrainConfig
-from runtime.roles import (OverlapTimes, Role, Slot, clear_summaries, drive, drive_overlapped, read_summaries,
-                           summary_path, write_summary)
+from runtime.roles import (OverlapTimes, Role, RoundWatchdog, Slot, clear_summaries, drive, drive_overlapped,
+                           read_summaries, summary_path, write_summary)
 from streams.worker import PrepareWorker
 
 
@@ -85,6 +85,46 @@ class Logged:
 
     def summary(self) -> dict:
         return {}
+
+
+class Blocking(Counter):
+    """A role whose first step blocks in ``wait_for_broker`` until ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(work=1)
+        self.release = threading.Event()
+
+    def wait_for_broker(self) -> None:
+        self.release.wait(30)
+
+    def step(self, timeout: float = 0.0) -> int:
+        if self.steps == 0:
+            self.wait_for_broker()
+        return super().step(timeout)
+
+
+def test_a_round_that_blocks_is_logged_with_where_it_is_blocked(caplog):
+    role = Blocking()
+    with caplog.at_level("WARNING", logger="runtime.roles"), RoundWatchdog([Slot(role)], warn_s=0.2) as watch:
+        watch.begin()
+        timer = threading.Timer(0.9, role.release.set)
+        timer.start()
+        role.step()
+        watch.end()
+        timer.join()
+        blocked = watch.warnings
+        assert blocked >= 2  # repeated while it stays blocked, not once
+        for _ in range(5):  # fast rounds after it: nothing more
+            watch.begin()
+            role.step()
+            watch.end()
+        time.sleep(0.5)
+        assert watch.warnings == blocked
+    lines = [r.getMessage() for r in caplog.records if r.name == "runtime.roles"]
+    assert len(lines) == blocked
+    assert "round of Blocking running for" in lines[0]
+    assert "Blocking.wait_for_broker (ops/test_roles.py:" in lines[0]
+    assert not watch._watcher.is_alive()
 
 
 def test_drive_overlapped_runs_side_and_main_at_once_then_after_then_main_alone_when_done():
