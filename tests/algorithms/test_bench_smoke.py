@@ -53,17 +53,17 @@ def test_decoupled_staleness_bench_holds_the_actors_k_versions_behind(tmp_path, 
 
 
 def test_mujoco_table_runs_each_task_with_its_preset_beside_the_published_figures(tmp_path):
-    subprocess.run([sys.executable, "bench/mujoco_table.py", "--envs", "Hopper-v5", "--seeds", "0", "--steps", "1024",
+    subprocess.run([sys.executable, "bench/mujoco_table.py", "--envs", "Walker2d-v5", "--seeds", "0", "--steps", "1024",
                     "--jobs", "1", "--eval-episodes", "1", "--out", str(tmp_path)], cwd=ROOT, check=True, timeout=1200)
     doc = json.loads((tmp_path / "table.json").read_text())
     (row,) = doc["rows"]
-    assert row["env"] == "Hopper-v5" and row["preset"] == "zoo" and row["seeds"] == [0]
-    assert row["cleanrl"] == [2382.86, 271.74] and row["zoo"] == [2410.44, 10.03]
+    assert row["env"] == "Walker2d-v5" and row["preset"] == "zoo" and row["seeds"] == [0]
+    assert row["cleanrl"] == [2287.95, 571.78] and row["zoo"] == [3478.80, 821.71]
     (run,) = doc["runs"]
     assert run["steps"] >= 1024 and run["updates"] == 2  # the zoo's 512-step updates, not CleanRL's 2048
     assert (tmp_path / "table.png").stat().st_size > 0
     # a second invocation finds the run's result and does not train again
-    subprocess.run([sys.executable, "bench/mujoco_table.py", "--envs", "Hopper-v5", "--seeds", "0", "--steps", "1024",
+    subprocess.run([sys.executable, "bench/mujoco_table.py", "--envs", "Walker2d-v5", "--seeds", "0", "--steps", "1024",
                     "--jobs", "1", "--out", str(tmp_path)], cwd=ROOT, check=True, timeout=600)
     assert json.loads((tmp_path / "table.json").read_text())["runs"] == doc["runs"]
 

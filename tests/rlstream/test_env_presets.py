@@ -37,8 +37,20 @@ def test_every_preset_is_a_valid_algorithm_config():
                 assert row.train_batch_size % cfg.num_minibatches == 0, (family, name)
 
 
-def test_hopper_uses_the_zoo_preset_with_no_flag(tmp_path):
-    cfg = parsed("--env", "Hopper-v5", tmp_path=tmp_path)
+def test_walker_uses_the_zoo_preset_with_no_flag(tmp_path):
+    cfg = parsed("--env", "Walker2d-v5", tmp_path=tmp_path)
+    assert cfg.preset_name() == "zoo"
+    assert cfg.train_batch_size == 512 and cfg.effective_fragment_steps() == 512
+    algo_cfg = build_algo(cfg, 17, 6).config  # what the learner actually trains with
+    assert (algo_cfg.learning_rate, algo_cfg.gamma, algo_cfg.gae_lambda) == (5.05041e-05, 0.99, 0.95)
+    assert (algo_cfg.num_minibatches, algo_cfg.update_epochs, algo_cfg.clip_coef) == (16, 20, 0.1)
+    assert not algo_cfg.anneal_lr and not algo_cfg.clip_vloss
+
+
+def test_hopper_defaults_to_cleanrl_and_takes_the_zoo_row_when_asked(tmp_path):
+    default = parsed("--env", "Hopper-v5", tmp_path=tmp_path / "a")
+    assert default.preset_name() == "cleanrl" and default.algo_overrides == {} and default.train_batch_size == 2048
+    cfg = parsed("--env", "Hopper-v5", "--preset", "zoo", tmp_path=tmp_path / "b")
     assert cfg.preset_name() == "zoo"
     assert cfg.train_batch_size == 512 and cfg.effective_fragment_steps() == 512
     algo_cfg = build_algo(cfg, 11, 3).config  # what the learner actually trains with
@@ -49,8 +61,8 @@ def test_hopper_uses_the_zoo_preset_with_no_flag(tmp_path):
 
 
 def test_flags_and_set_win_over_the_preset(tmp_path):
-    cfg = parsed("--env", "Hopper-v5", "--train-batch-size", "1024", "--set", "learning_rate=0.001",
-                 tmp_path=tmp_path)
+    cfg = parsed("--env", "Hopper-v5", "--preset", "zoo", "--train-batch-size", "1024", "--set",
+                 "learning_rate=0.001", tmp_path=tmp_path)
     assert cfg.train_batch_size == 1024
     assert cfg.algo_overrides["learning_rate"] == 0.001
     assert cfg.algo_overrides["gamma"] == 0.999  # the rest of the preset stays
@@ -73,7 +85,7 @@ def test_other_algorithms_and_envs_have_no_preset():
 
 def test_unknown_preset_names_fail_clearly():
     with pytest.raises(ValueError, match="choose from auto, none, zoo"):
-        TrainConfig(env_id="Hopper-v5", preset="cleanrl")
+        TrainConfig(env_id="Walker2d-v5", preset="cleanrl")
     with pytest.raises(ValueError, match="--preset must be one of"):
         TrainConfig(preset="tuned")
 
