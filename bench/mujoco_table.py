@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.algorithms import _ms  # noqa: E402
@@ -96,7 +98,7 @@ def render(runs: list[dict], steps: int) -> tuple[list[dict], str]:
 
 
 def plot(runs: list[dict], out: Path, steps: int, path: Path) -> None:
-    """One panel per task: training return against env steps, one line per seed, and the
+    """One panel per task: training return (mean of 20 episodes) against env steps, one line per seed, and the
     published references as dashed lines."""
     import matplotlib
     matplotlib.use("Agg")
@@ -110,13 +112,15 @@ def plot(runs: list[dict], out: Path, steps: int, path: Path) -> None:
             curve = out / family / f"ppo-seed{r['seed']}" / "curve.json"
             if curve.exists():
                 c = json.loads(curve.read_text())
-                ax.plot(c["steps"], c["returns"], lw=0.6, alpha=0.8, label=f"seed {r['seed']}")
+                k = min(20, len(c["returns"]))  # mean of the last 20 episodes, as the table's "train"
+                smooth = np.convolve(c["returns"], np.ones(k) / k, mode="valid")
+                ax.plot(c["steps"][k - 1:], smooth, lw=1, label=f"seed {r['seed']}")
         for name, table, style in (("CleanRL", CLEANRL_PPO, "--"), ("zoo", ZOO_PPO, ":")):
             if table.get(family):
                 ax.axhline(table[family][0], ls=style, color="k", lw=1, label=f"{name} PPO @1M")
         ax.set(title=env_id, xlabel="env steps")
         ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("training episode return")
+    axes[0][0].set_ylabel("training return (mean of 20 episodes)")
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
