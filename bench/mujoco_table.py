@@ -54,12 +54,11 @@ def _one(job: tuple[str, int, int, str, int, str]) -> dict:
     torch.set_num_threads(1)
     from bench.algorithms import train_one
     from config import TrainConfig
-    from config.algos import env_family
 
-    out_dir = Path(out) / env_family(env_id)
-    result = train_one("ppo", env_id, steps, seed, out_dir, episodes, preset=preset)
+    path = _result_file(Path(out), env_id, seed)
+    result = train_one("ppo", env_id, steps, seed, path.parent, episodes, preset=preset)
     result.update(env=env_id, preset=TrainConfig(algo="ppo", env_id=env_id, preset=preset).preset_name())
-    (out_dir / f"ppo-seed{seed}.json").write_text(json.dumps(result, indent=2) + "\n")
+    path.write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 

@@ -239,7 +239,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
     summary = {**learner.summary(), "wall_s": round(time.perf_counter() - started, 3),
                "breaker_trips": breaker.trips, "rank": rank.rank, "world_size": rank.world_size,
                "uneven_updates": parallel.uneven_updates if parallel else 0, "gpu": gpu.summary()}
-    write_summary(cfg.run_dir, "learner" if rank.rank == 0 else f"learner-rank{rank.rank}", summary)
+    write_summary(cfg.run_dir, role, summary)
     return summary
 
 
