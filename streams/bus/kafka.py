@@ -23,7 +23,11 @@ How the memory semantics (``streams.bus.base``) map onto Kafka:
   are never auto-committed. ``"latest"`` means the log end when ``consumer()`` was called
   (as in memory), not when the group join finishes seconds later.
 - ``commit`` outlives broker restarts: errors while the group coordinator is unreachable are
-  retried for ``COMMIT_RETRY_S``; a commit the group refuses because it fenced this member
+  retried for ``COMMIT_RETRY_S``, and no commit blocks its caller longer than that: librdkafka's
+  synchronous commit has no timeout and waits for ever on a broker that holds the connection
+  but does not answer (a network partition, a stopped process), so it runs on a helper thread;
+  one left unanswered stays in flight (one at most; later commits are skipped until it ends,
+  and a later commit carries their offsets) and counts in ``commit_failures``. A commit the group refuses because it fenced this member
   (``UNKNOWN_MEMBER_ID``/``ILLEGAL_GENERATION`` after a rebalance or a broker restart) is
   dropped with a warning (``commit_failures`` counts both): the records are redelivered, at
   least once, as after a crash. Other commit errors raise ``BusError``.
@@ -60,6 +64,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
+from concurrent.futures import Future, TimeoutError as FutureTimeout
 from typing import Any
 
 from confluent_kafka import (
@@ -756,6 +761,10 @@ class KafkaBus(Bus):
             self._group_readers.clear()
 
 
+class _Unanswered(Exception):
+    """A commit got no answer before its deadline; it is still in flight."""
+
+
 class KafkaConsumer(Consumer):
     def __init__(self, bus: KafkaBus, group: str | None, topics: list[str], policy: str,
                  offsets: dict, partitions: dict[str, int]) -> None:
@@ -770,6 +779,7 @@ class KafkaConsumer(Consumer):
         self._kept: dict[TP, int] = {}  # positions of partitions revoked by a rebalance
         self._closed = False
         self.commit_failures = 0  # commits the group refused or that timed out (records redelivered)
+        self._inflight: tuple[Future, dict[TP, int]] | None = None  # a commit still waiting on the broker
         gid = group if group is not None else f"rlstream-reader-{uuid.uuid4().hex}"
         conf = {**bus.consumer_config, "group.id": gid, "auto.offset.reset": policy,
                 "error_cb": self._on_error}
@@ -901,17 +911,16 @@ class KafkaConsumer(Consumer):
             return
         deadline = time.monotonic() + COMMIT_RETRY_S
         while True:
-            err = None
             try:
-                res = self._c.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in todo.items()],
-                                     asynchronous=False)
-                err = next((p.error for p in res or [] if p.error is not None), None)
-            except KafkaException as e:
-                err = _err(e)
-                if err is None:
-                    raise BusError(f"commit of group {self.group} failed: {e}") from e
+                err = self._commit_within(todo, deadline)
+            except _Unanswered:
+                self.commit_failures += 1
+                ERRORS.error(log, logging.WARNING, "commit:unanswered",
+                             f"commit of group {self.group} unanswered (the broker holds the connection but does "
+                             "not reply); it stays in flight, and later commits are skipped until it ends")
+                return
             if err is None:
-                self._committed.update(todo)
+                self._note_committed(todo)
                 return
             code = err.code()
             if code in _FENCED:
@@ -930,6 +939,52 @@ class KafkaConsumer(Consumer):
                             self.group, COMMIT_RETRY_S, err)
                 return
             raise BusError(f"commit of group {self.group} failed: {err}")
+
+    def _commit_within(self, todo: dict[TP, int], deadline: float) -> KafkaError | None:
+        """One synchronous commit of ``todo`` on a helper thread, waited for until ``deadline``:
+        its error, or None; ``_Unanswered`` past the deadline (the commit left in flight) or at
+        once while an earlier one is still in flight."""
+        if self._inflight is not None:
+            self._await_inflight(time.monotonic())  # raises _Unanswered while it still waits
+        fut: Future = Future()
+        tps = [TopicPartition(t, p, o) for (t, p), o in todo.items()]
+
+        def run() -> None:
+            try:
+                fut.set_result(self._c.commit(offsets=tps, asynchronous=False))
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
+                fut.set_exception(e)
+
+        self._inflight = (fut, todo)
+        threading.Thread(target=run, name=f"rlstream-commit-{self.group}", daemon=True).start()
+        return self._await_inflight(deadline)
+
+    def _await_inflight(self, deadline: float) -> KafkaError | None:
+        """Wait until ``deadline`` for the commit in flight: its error or None (its offsets
+        noted as committed); ``_Unanswered`` if it is still waiting on the broker."""
+        fut, todo = self._inflight
+        try:
+            res = fut.result(timeout=max(0.0, deadline - time.monotonic()))
+        except FutureTimeout:
+            raise _Unanswered from None
+        except KafkaException as e:
+            self._inflight = None
+            err = _err(e)
+            if err is None:
+                raise BusError(f"commit of group {self.group} failed: {e}") from e
+            return err
+        finally:
+            if fut.done() and self._inflight is not None and self._inflight[0] is fut:
+                self._inflight = None
+        err = next((p.error for p in res or [] if p.error is not None), None)
+        if err is None:
+            self._note_committed(todo)
+        return err
+
+    def _note_committed(self, todo: dict[TP, int]) -> None:
+        for tp, o in todo.items():
+            if o > self._committed.get(tp, -1):
+                self._committed[tp] = o
 
     def committed(self) -> dict[TP, int]:
         if self.group is None or not self._positions:
@@ -962,6 +1017,17 @@ class KafkaConsumer(Consumer):
         return {tp: max(0, self.bus._watermarks(*tp)[1] - pos) for tp, pos in self._positions.items()}
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._c.close()
+        if self._closed:
+            return
+        self._closed = True
+        if self._inflight is not None:
+            try:
+                self._await_inflight(time.monotonic() + COMMIT_RETRY_S)
+            except (_Unanswered, BusError):
+                pass
+            if self._inflight is not None:
+                # Destroying the client under a thread still inside its commit is unsafe: the
+                # handle is left to the process's exit; the group drops the member by timeout.
+                log.warning("consumer of group %s not closed: a commit is still unanswered", self.group)
+                return
+        self._c.close()

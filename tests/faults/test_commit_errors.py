@@ -4,7 +4,9 @@
   commit is dropped and counted (``commit_failures``), and the records are redelivered to the
   member that owns the partition now, from the last commit that went through;
 * timed retry: with the coordinator gone, a commit is retried for ``COMMIT_RETRY_S`` and then
-  given up and counted; a broker back within that time takes the commit and nothing is counted.
+  given up and counted; a broker back within that time takes the commit and nothing is counted;
+* bounded: a broker that holds the connection and never answers (stopped) does not hold the
+  caller past ``COMMIT_RETRY_S``; the commit stays in flight, and commits resume once it answers.
 
 Nothing is patched but ``COMMIT_RETRY_S`` (how long the retry lasts)."""
 
@@ -76,8 +78,11 @@ def test_a_commit_without_a_coordinator_is_retried_then_given_up(private_kafka, 
         c.commit(got)  # no raise: the records would be redelivered
         took = time.monotonic() - t0
         assert c.commit_failures == 1
-        assert took >= 3.0, f"gave up after {took:.1f}s, before COMMIT_RETRY_S"
-        assert any("failed for 3s" in r.getMessage() for r in caplog.records), caplog.text
+        assert 3.0 <= took < 30.0, f"gave up after {took:.1f}s, not at COMMIT_RETRY_S"
+        # librdkafka either answers _WAIT_COORD (retried until the deadline) or holds the commit
+        # unanswered until the coordinator is back (left in flight at the deadline)
+        assert any("failed for 3s" in r.getMessage() or "unanswered" in r.getMessage()
+                   for r in caplog.records), caplog.text
         c.close()
 
 
@@ -113,4 +118,47 @@ def test_a_commit_rides_out_a_broker_restart(private_kafka, monkeypatch):
         worker.join(5)
         assert errors == [] and c.commit_failures == 0
         assert bus.group_positions(GROUP, TOPIC) == {0: 3}
+        c.close()
+
+
+def test_a_commit_to_a_broker_that_does_not_answer_returns_by_its_deadline(private_kafka, monkeypatch, caplog):
+    """A stopped broker (as behind a network partition) holds the connection and never answers:
+    librdkafka's synchronous commit would wait for ever. ``commit`` returns by ``COMMIT_RETRY_S``,
+    counts the commit, skips later ones at once while it is in flight, and commits again (the
+    later offsets) once the broker answers; ``close`` is bounded too."""
+    import os
+    import signal
+
+    monkeypatch.setattr(kafka_mod, "COMMIT_RETRY_S", 3.0)
+    with KafkaBus(private_kafka.bootstrap, client_id="member-a") as bus:
+        _fill(bus)
+        c = bus.consumer(GROUP, [TOPIC])
+        got = _poll_all(c, 3)
+        c.commit(got[:1])
+        pid = private_kafka.kafka.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            c.commit(got[:2])
+            assert 3.0 <= time.monotonic() - t0 < 30.0
+            assert c.commit_failures == 1
+            assert any("unanswered" in r.getMessage() for r in caplog.records), caplog.text
+            t0 = time.monotonic()
+            c.commit(got)  # the first is still in flight: skipped, not queued behind it
+            assert time.monotonic() - t0 < 1.0 and c.commit_failures == 2
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+        def landed() -> bool:
+            c.poll(0.2)
+            c.commit(got)
+            return bus.group_positions(GROUP, TOPIC) == {0: 3}
+
+        wait_for(landed, 120, "the commit after the broker answers again")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            c.commit(got[:1] + got)  # nothing new to commit: no request, no wait
+            assert c.commit_failures == 2
+        finally:
+            os.kill(pid, signal.SIGCONT)
         c.close()
