@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.algorithms import _ms, evaluate, policy_versions  # noqa: E402
+from bench.algorithms import EVAL_SEED, _ms, policy_versions  # noqa: E402
 from bench.decoupled import private_broker  # noqa: E402
 from config import BusConfig, TrainConfig  # noqa: E402
 from streams.policies import load_policy  # noqa: E402
@@ -86,14 +86,46 @@ def run_arm(arm: str, env_id: str, steps: int, seed: int, out: Path, bootstrap: 
         streams = procs.get("streams", {})
         freshness, lag = streams.get("freshness"), streams.get("lag_versions")
         samples = sum(int(p.get("steps", 0)) for n, p in procs.items() if n.startswith("actor"))
-    ev = evaluate(load_policy(final), env_id, episodes)
+    how = behaviour(load_policy(final), env_id, episodes)
+    ev = how.pop("returns")
     timeline = json.loads((run_dir / "timeline.json").read_text())
     return {"arm": arm, "env": env_id, "seed": seed, "steps": samples, "final_version": final.version,
             "eval": float(np.mean(ev)), "eval_std": float(np.std(ev)), "wall_s": round(wall, 1),
             "sps": round(samples / wall, 1), "freshness": freshness, "lag_versions": lag,
-            "preset": cfg.preset_name(),
+            "preset": cfg.preset_name(), "eval_behaviour": how,
             "timeline": [{k: e.get(k) for k in ("t_s", "steps", "return_mean20", "freshness", "policy_lag",
                                                  "policy_lag_max", "policy_latency_p99_ms")} for e in timeline]}
+
+
+def behaviour(policy, env_id: str, episodes: int) -> dict:
+    """How the mean-action policy moves on ``episodes`` episodes seeded EVAL_SEED + i: return,
+    length, the share that ended by termination (a fall) and, for the MuJoCo walkers, the x
+    distance covered. (A return under the healthy bonus's 1,000 can be a walker that falls or
+    one that stands still; these tell which.)"""
+    import gymnasium as gym
+    import torch
+
+    env = gym.make(env_id)
+    low, high = env.action_space.low, env.action_space.high
+    rows = []
+    try:
+        for i in range(episodes):
+            obs, _ = env.reset(seed=EVAL_SEED + i)
+            qpos = getattr(env.unwrapped, "data", None)
+            x0 = float(qpos.qpos[0]) if qpos is not None else None
+            ret, n, term, trunc = 0.0, 0, False, False
+            while not (term or trunc):
+                with torch.no_grad():
+                    a, _, _ = policy.act(torch.as_tensor(obs, dtype=torch.float32).unsqueeze(0), deterministic=True)
+                obs, r, term, trunc, _ = env.step(np.clip(a[0].numpy(), low, high))
+                ret, n = ret + float(r), n + 1
+            dx = float(env.unwrapped.data.qpos[0]) - x0 if x0 is not None else None
+            rows.append({"return": ret, "length": n, "fell": bool(term), "dx": dx})
+    finally:
+        env.close()
+    dxs = [r["dx"] for r in rows if r["dx"] is not None]
+    return {"returns": [r["return"] for r in rows], "length": float(np.mean([r["length"] for r in rows])),
+            "fell": float(np.mean([r["fell"] for r in rows])), "dx": float(np.mean(dxs)) if dxs else None}
 
 
 def time_to(run: dict, target: float) -> float | None:
@@ -108,8 +140,9 @@ def table(runs: list[dict], reach: float) -> tuple[list[dict], str, float | None
     finals = [f for f in finals if f is not None]
     target = reach * float(np.mean(finals)) if finals else None
     rows, lines = [], [
-        "| arm | seeds | eval return | wall s | samples/s | freshness | lag (versions, mean / max) "
-        f"| wall s to {reach:.0%} of PPO's final return |", "|---|---|---|---|---|---|---|---|"]
+        "| arm | seeds | eval return | eval length / fell / x distance | wall s | samples/s | freshness "
+        f"| lag (versions, mean / max) | wall s to {reach:.0%} of PPO's final return |",
+        "|---|---|---|---|---|---|---|---|---|"]
     for arm in dict.fromkeys(r["arm"] for r in runs):
         rs = [r for r in runs if r["arm"] == arm]
         reached = [time_to(r, target) for r in rs] if target is not None else []
@@ -118,11 +151,16 @@ def table(runs: list[dict], reach: float) -> tuple[list[dict], str, float | None
                "freshness": _ms([r["freshness"] for r in rs]),
                "lag_mean": _ms([(r["lag_versions"] or {}).get("mean") for r in rs]),
                "lag_max": max(((r["lag_versions"] or {}).get("max") or 0) for r in rs),
-               "time_to_target_s": _ms(reached), "reached": sum(x is not None for x in reached)}
+               "time_to_target_s": _ms(reached), "reached": sum(x is not None for x in reached),
+               "behaviour": {k: _ms([(r.get("eval_behaviour") or {}).get(k) for r in rs])
+                             for k in ("length", "fell", "dx")}}
         rows.append(row)
         tt = row["time_to_target_s"]
         tts = f"{tt['mean']:.0f} ± {tt['std']:.0f} ({row['reached']}/{len(rs)} reached)" if tt else f"never (0/{len(rs)})"
-        lines.append(f"| {arm} | {len(rs)} | {row['eval']['mean']:.0f} ± {row['eval']['std']:.0f} "
+        b = row["behaviour"]
+        how = " / ".join("-" if not b[k] else fmt.format(b[k]["mean"])
+                         for k, fmt in (("length", "{:.0f}"), ("fell", "{:.0%}"), ("dx", "{:.1f} m")))
+        lines.append(f"| {arm} | {len(rs)} | {row['eval']['mean']:.0f} ± {row['eval']['std']:.0f} | {how} "
                      f"| {row['wall_s']['mean']:.0f} | {row['sps']['mean']:.0f} | {row['freshness'].get('mean', '-')} "
                      f"| {row['lag_mean'].get('mean', '-')} / {row['lag_max']} | {tts} |")
     return rows, "\n".join(lines), target

@@ -79,5 +79,9 @@ def test_guide_runs_bench_sets_decoupled_agro_beside_colocated_ppo(tmp_path, kaf
     for r in runs.values():
         assert r["steps"] >= 4096 and r["final_version"] >= 1 and r["timeline"], r["arm"]
         assert 0 < r["freshness"] <= 1 and r["lag_versions"]["count"] > 0
-    assert runs["ppo-colocated"]["preset"] == "zoo" and doc["target_return"] is not None
+        how = r["eval_behaviour"]  # what the evaluated episode did: Ant's x distance, a fall
+        assert 1 <= how["length"] <= 1000 and how["fell"] in (0.0, 1.0) and how["dx"] is not None
+        assert (how["length"] < 1000) == (how["fell"] == 1.0), how
+    assert runs["ppo-colocated"]["preset"] == "cleanrl" and doc["target_return"] is not None
+    assert "/ fell /" in (tmp_path / "guide.md").read_text()
     assert (tmp_path / "guide.png").stat().st_size > 0

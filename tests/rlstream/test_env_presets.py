@@ -47,6 +47,15 @@ def test_walker_uses_the_zoo_preset_with_no_flag(tmp_path):
     assert not algo_cfg.anneal_lr and not algo_cfg.clip_vloss
 
 
+def test_ant_defaults_to_cleanrl_and_takes_the_zoo_row_when_asked(tmp_path):
+    default = parsed("--env", "Ant-v5", tmp_path=tmp_path / "a")
+    assert default.preset_name() == "cleanrl" and default.algo_overrides == {} and default.train_batch_size == 2048
+    algo_cfg = build_algo(default, 105, 8).config
+    assert algo_cfg.anneal_lr and algo_cfg.clip_vloss and algo_cfg.num_minibatches == 32
+    zoo = build_algo(parsed("--env", "Ant-v5", "--preset", "zoo", tmp_path=tmp_path / "b"), 105, 8).config
+    assert not zoo.anneal_lr and not zoo.clip_vloss and zoo.num_minibatches == 32
+
+
 def test_hopper_defaults_to_cleanrl_and_takes_the_zoo_row_when_asked(tmp_path):
     default = parsed("--env", "Hopper-v5", tmp_path=tmp_path / "a")
     assert default.preset_name() == "cleanrl" and default.algo_overrides == {} and default.train_batch_size == 2048
