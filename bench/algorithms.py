@@ -60,24 +60,32 @@ EVAL_SEED = 10_000
 
 
 @torch.no_grad()
-def evaluate(policy, env_id: str, episodes: int) -> list[float]:
-    """Mean-action returns of ``policy`` on ``episodes`` episodes seeded EVAL_SEED + i."""
+def episodes_of(policy, env_id: str, episodes: int) -> list[dict]:
+    """Mean-action episodes of ``policy`` seeded EVAL_SEED + i: return, length, whether it ended
+    by termination (a fall) and, for the MuJoCo walkers, the x distance covered (else None)."""
     env = gym.make(env_id)
     low, high = env.action_space.low, env.action_space.high
     out = []
     try:
         for i in range(episodes):
             obs, _ = env.reset(seed=EVAL_SEED + i)
-            total, done = 0.0, False
-            while not done:
+            data = getattr(env.unwrapped, "data", None)
+            x0 = float(data.qpos[0]) if data is not None else None
+            total, n, term, trunc = 0.0, 0, False, False
+            while not (term or trunc):
                 a, _, _ = policy.act(torch.as_tensor(obs, dtype=torch.float32).unsqueeze(0), deterministic=True)
                 obs, r, term, trunc, _ = env.step(np.clip(a[0].numpy(), low, high))
-                total += float(r)
-                done = term or trunc
-            out.append(total)
+                total, n = total + float(r), n + 1
+            out.append({"return": total, "length": n, "fell": bool(term),
+                        "dx": float(data.qpos[0]) - x0 if x0 is not None else None})
     finally:
         env.close()
     return out
+
+
+def evaluate(policy, env_id: str, episodes: int) -> list[float]:
+    """Mean-action returns of ``policy`` on ``episodes`` episodes seeded EVAL_SEED + i."""
+    return [e["return"] for e in episodes_of(policy, env_id, episodes)]
 
 
 def policy_versions(log_dir: Path) -> dict[int, PolicyVersion]:

@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.algorithms import EVAL_SEED, _ms, policy_versions  # noqa: E402
+from bench.algorithms import _ms, episodes_of, policy_versions  # noqa: E402
 from bench.decoupled import private_broker  # noqa: E402
 from config import BusConfig, TrainConfig  # noqa: E402
 from streams.policies import load_policy  # noqa: E402
@@ -98,34 +98,13 @@ def run_arm(arm: str, env_id: str, steps: int, seed: int, out: Path, bootstrap: 
 
 
 def behaviour(policy, env_id: str, episodes: int) -> dict:
-    """How the mean-action policy moves on ``episodes`` episodes seeded EVAL_SEED + i: return,
-    length, the share that ended by termination (a fall) and, for the MuJoCo walkers, the x
-    distance covered. (A return under the healthy bonus's 1,000 can be a walker that falls or
-    one that stands still; these tell which.)"""
-    import gymnasium as gym
-    import torch
-
-    env = gym.make(env_id)
-    low, high = env.action_space.low, env.action_space.high
-    rows = []
-    try:
-        for i in range(episodes):
-            obs, _ = env.reset(seed=EVAL_SEED + i)
-            qpos = getattr(env.unwrapped, "data", None)
-            x0 = float(qpos.qpos[0]) if qpos is not None else None
-            ret, n, term, trunc = 0.0, 0, False, False
-            while not (term or trunc):
-                with torch.no_grad():
-                    a, _, _ = policy.act(torch.as_tensor(obs, dtype=torch.float32).unsqueeze(0), deterministic=True)
-                obs, r, term, trunc, _ = env.step(np.clip(a[0].numpy(), low, high))
-                ret, n = ret + float(r), n + 1
-            dx = float(env.unwrapped.data.qpos[0]) - x0 if x0 is not None else None
-            rows.append({"return": ret, "length": n, "fell": bool(term), "dx": dx})
-    finally:
-        env.close()
-    dxs = [r["dx"] for r in rows if r["dx"] is not None]
-    return {"returns": [r["return"] for r in rows], "length": float(np.mean([r["length"] for r in rows])),
-            "fell": float(np.mean([r["fell"] for r in rows])), "dx": float(np.mean(dxs)) if dxs else None}
+    """The evaluation's returns, and how the episodes went: mean length, the share that ended in
+    a fall and the mean x distance (a return under the walkers' 1,000 healthy bonus can be a
+    walker that falls or one that stands still; these tell which)."""
+    eps = episodes_of(policy, env_id, episodes)
+    dxs = [e["dx"] for e in eps if e["dx"] is not None]
+    return {"returns": [e["return"] for e in eps], "length": float(np.mean([e["length"] for e in eps])),
+            "fell": float(np.mean([e["fell"] for e in eps])), "dx": float(np.mean(dxs)) if dxs else None}
 
 
 def time_to(run: dict, target: float) -> float | None:
