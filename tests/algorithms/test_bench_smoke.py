@@ -54,7 +54,8 @@ def test_decoupled_staleness_bench_holds_the_actors_k_versions_behind(tmp_path, 
 
 def test_mujoco_table_runs_each_task_with_its_preset_beside_the_published_figures(tmp_path):
     subprocess.run([sys.executable, "bench/mujoco_table.py", "--envs", "Walker2d-v5", "--seeds", "0", "--steps", "1024",
-                    "--jobs", "1", "--eval-episodes", "1", "--out", str(tmp_path)], cwd=ROOT, check=True, timeout=1200)
+                    "--preset", "zoo", "--jobs", "1", "--eval-episodes", "1", "--out", str(tmp_path)],
+                   cwd=ROOT, check=True, timeout=1200)
     doc = json.loads((tmp_path / "table.json").read_text())
     (row,) = doc["rows"]
     assert row["env"] == "Walker2d-v5" and row["preset"] == "zoo" and row["seeds"] == [0]
@@ -64,7 +65,7 @@ def test_mujoco_table_runs_each_task_with_its_preset_beside_the_published_figure
     assert (tmp_path / "table.png").stat().st_size > 0
     # a second invocation finds the run's result and does not train again
     subprocess.run([sys.executable, "bench/mujoco_table.py", "--envs", "Walker2d-v5", "--seeds", "0", "--steps", "1024",
-                    "--jobs", "1", "--out", str(tmp_path)], cwd=ROOT, check=True, timeout=600)
+                    "--preset", "zoo", "--jobs", "1", "--out", str(tmp_path)], cwd=ROOT, check=True, timeout=600)
     assert json.loads((tmp_path / "table.json").read_text())["runs"] == doc["runs"]
 
 

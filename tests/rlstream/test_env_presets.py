@@ -37,8 +37,10 @@ def test_every_preset_is_a_valid_algorithm_config():
                 assert row.train_batch_size % cfg.num_minibatches == 0, (family, name)
 
 
-def test_walker_uses_the_zoo_preset_with_no_flag(tmp_path):
-    cfg = parsed("--env", "Walker2d-v5", tmp_path=tmp_path)
+def test_walker_defaults_to_cleanrl_and_takes_the_zoo_row_when_asked(tmp_path):
+    default = parsed("--env", "Walker2d-v5", tmp_path=tmp_path / "a")
+    assert default.preset_name() == "cleanrl" and default.algo_overrides == {} and default.train_batch_size == 2048
+    cfg = parsed("--env", "Walker2d-v5", "--preset", "zoo", tmp_path=tmp_path / "b")
     assert cfg.preset_name() == "zoo"
     assert cfg.train_batch_size == 512 and cfg.effective_fragment_steps() == 512
     algo_cfg = build_algo(cfg, 17, 6).config  # what the learner actually trains with
@@ -94,7 +96,7 @@ def test_other_algorithms_and_envs_have_no_preset():
 
 def test_unknown_preset_names_fail_clearly():
     with pytest.raises(ValueError, match="choose from auto, none, zoo"):
-        TrainConfig(env_id="Walker2d-v5", preset="cleanrl")
+        TrainConfig(env_id="Humanoid-v5", preset="cleanrl")
     with pytest.raises(ValueError, match="--preset must be one of"):
         TrainConfig(preset="tuned")
 
