@@ -113,17 +113,26 @@ def time_to(run: dict, target: float) -> float | None:
 
 
 
+def label(run: dict) -> str:
+    """The arm, with the preset it ran with (runs of one arm under two presets are two rows)."""
+    return f"{run['arm']} ({run['preset']})" if run.get("preset") else run["arm"]
+
+
 def table(runs: list[dict], reach: float) -> tuple[list[dict], str, float | None]:
+    """Rows per arm and preset; the time column's target is ``reach`` of the final training return
+    of co-located PPO under the task's default preset today (any PPO run if none has it)."""
     ppo = [r for r in runs if r["arm"] == "ppo-colocated"]
+    default = TrainConfig(algo="ppo", env_id=runs[0]["env"]).preset_name() if runs else None
+    ppo = [r for r in ppo if r.get("preset") == default] or ppo
     finals = [r["timeline"][-1].get("return_mean20") for r in ppo if r["timeline"]]
     finals = [f for f in finals if f is not None]
     target = reach * float(np.mean(finals)) if finals else None
     rows, lines = [], [
         "| arm | seeds | eval return | eval length / fell / x distance | wall s | samples/s | freshness "
-        f"| lag (versions, mean / max) | wall s to {reach:.0%} of PPO's final return |",
+        f"| lag (versions, mean / max) | wall s to {reach:.0%} of PPO's ({default or 'no preset'}) final return |",
         "|---|---|---|---|---|---|---|---|---|"]
-    for arm in dict.fromkeys(r["arm"] for r in runs):
-        rs = [r for r in runs if r["arm"] == arm]
+    for arm in dict.fromkeys(label(r) for r in runs):
+        rs = [r for r in runs if label(r) == arm]
         reached = [time_to(r, target) for r in rs] if target is not None else []
         row = {"arm": arm, "seeds": [r["seed"] for r in rs], "eval": _ms([r["eval"] for r in rs]),
                "wall_s": _ms([r["wall_s"] for r in rs]), "sps": _ms([r["sps"] for r in rs]),
@@ -151,13 +160,16 @@ def plot(runs: list[dict], target: float | None, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    colours = dict(zip(ARMS, ("tab:blue", "tab:orange")))
+    labels = list(dict.fromkeys(label(r) for r in runs))
+    colours = dict(zip(labels, ("tab:orange", "tab:blue", "tab:green", "tab:red", "tab:purple")))
+    named: set[str] = set()
     for r in runs:
         pts = [(e["t_s"], e["return_mean20"]) for e in r["timeline"] if e.get("return_mean20") is not None]
         if pts:
             t, y = zip(*pts)
-            ax.plot(t, y, color=colours.get(r["arm"]), lw=1, alpha=0.8,
-                    label=r["arm"] if r["seed"] == min(x["seed"] for x in runs if x["arm"] == r["arm"]) else None)
+            name = label(r)
+            ax.plot(t, y, color=colours.get(name), lw=1, alpha=0.8, label=None if name in named else name)
+            named.add(name)
     if target is not None:
         ax.axhline(target, ls="--", color="k", lw=0.8, label="target")
     ax.set(xlabel="wall seconds", ylabel="training return (mean of 20 episodes)", title=runs[0]["env"])
