@@ -87,7 +87,9 @@ def test_snapshot_rollback_bench_times_the_s3_store_beside_the_file_store():
         row = doc["stores"][name]
         assert row["params"] >= 20000 and row["weights_bytes"] > 4 * 20000
         (run,) = row["runs"]
-        assert run["new_version"] == 7 and 0 < run["publish_s"] <= run["loaded_s"]
+        # both from the same start; no order between them: the follower thread can load the
+        # version while rollback() is still returning (measured: loaded 0.1006 s, returned 0.1007 s)
+        assert run["new_version"] == 7 and run["publish_s"] > 0 and run["loaded_s"] > 0
         assert [r["new_version"] for r in row["cli_runs"]] == [8] and row["cli_s"] > 0
     assert row["url"] != doc["stores"]["s3"]["url"] and doc["stores"]["s3"]["url"].startswith("s3://")
     assert doc["ratios"]["loaded_s_s3_over_file"] == pytest.approx(
