@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.algorithms import _ms, episodes_of, policy_versions  # noqa: E402
 from bench.decoupled import private_broker  # noqa: E402
 from config import BusConfig, TrainConfig  # noqa: E402
+from config.algos import env_preset  # noqa: E402
 from streams.policies import load_policy  # noqa: E402
 
 ARMS = ("ppo-colocated", "agro-decoupled")
@@ -112,7 +113,6 @@ def time_to(run: dict, target: float) -> float | None:
     return next((e["t_s"] for e in run["timeline"] if (e.get("return_mean20") or -np.inf) >= target), None)
 
 
-
 def label(run: dict) -> str:
     """The arm, with the preset it ran with (runs of one arm under two presets are two rows)."""
     return f"{run['arm']} ({run['preset']})" if run.get("preset") else run["arm"]
@@ -122,7 +122,7 @@ def table(runs: list[dict], reach: float) -> tuple[list[dict], str, float | None
     """Rows per arm and preset; the time column's target is ``reach`` of the final training return
     of co-located PPO under the task's default preset today (any PPO run if none has it)."""
     ppo = [r for r in runs if r["arm"] == "ppo-colocated"]
-    default = TrainConfig(algo="ppo", env_id=runs[0]["env"]).preset_name() if runs else None
+    default = (env_preset("ppo", runs[0]["env"]) or (None,))[0] if runs else None
     ppo = [r for r in ppo if r.get("preset") == default] or ppo
     finals = [r["timeline"][-1].get("return_mean20") for r in ppo if r["timeline"]]
     finals = [f for f in finals if f is not None]

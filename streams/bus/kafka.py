@@ -27,10 +27,11 @@ How the memory semantics (``streams.bus.base``) map onto Kafka:
   synchronous commit has no timeout and waits for ever on a broker that holds the connection
   but does not answer (a network partition, a stopped process), so it runs on a helper thread;
   one left unanswered stays in flight (one at most; later commits are skipped until it ends,
-  and a later commit carries their offsets) and counts in ``commit_failures``. A commit the group refuses because it fenced this member
-  (``UNKNOWN_MEMBER_ID``/``ILLEGAL_GENERATION`` after a rebalance or a broker restart) is
-  dropped with a warning (``commit_failures`` counts both): the records are redelivered, at
-  least once, as after a crash. Other commit errors raise ``BusError``.
+  and a later commit carries their offsets) and counts in ``commit_failures``. A commit the
+  group refuses because it fenced this member (``UNKNOWN_MEMBER_ID``/``ILLEGAL_GENERATION``
+  after a rebalance or a broker restart) is dropped with a warning (``commit_failures`` counts
+  both): the records are redelivered, at least once, as after a crash. Other commit errors
+  raise ``BusError``.
 - topics are created with ``replication_factor`` copies and ``min.insync.replicas`` (the
   run's ``config.bus.Replication``: ``RLSTREAM_REPLICATION_FACTOR``,
   ``RLSTREAM_MIN_INSYNC_REPLICAS``); a factor above the number of brokers alive is refused with
@@ -919,8 +920,7 @@ class KafkaConsumer(Consumer):
                              f"commit of group {self.group} unanswered (the broker holds the connection but does "
                              "not reply); it stays in flight, and later commits are skipped until it ends")
                 return
-            if err is None:
-                self._note_committed(todo)
+            if err is None:  # _await_inflight noted the offsets
                 return
             code = err.code()
             if code in _FENCED:
@@ -968,13 +968,12 @@ class KafkaConsumer(Consumer):
         except FutureTimeout:
             raise _Unanswered from None
         except KafkaException as e:
-            self._inflight = None
             err = _err(e)
             if err is None:
                 raise BusError(f"commit of group {self.group} failed: {e}") from e
             return err
         finally:
-            if fut.done() and self._inflight is not None and self._inflight[0] is fut:
+            if fut.done():
                 self._inflight = None
         err = next((p.error for p in res or [] if p.error is not None), None)
         if err is None:
