@@ -33,6 +33,9 @@ class NonFiniteEnvError(RuntimeError):
             "the fragment is discarded and the envs are reset"
         )
 
+    def __reduce__(self):  # (crosses actor.rollout_process's pipe as itself)
+        return type(self), (self.what, self.step, self.envs)
+
 
 @dataclass(frozen=True)
 class EnvSpec:

@@ -53,10 +53,17 @@ PEERS = ("sb3", "cleanrl", "rlstream", "rlstream-overlap")
 LR, GAMMA, LAM, CLIP = 3e-4, 0.99, 0.95, 0.2
 
 
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def _timed(fn) -> tuple[object, float, float]:
-    t0, c0 = time.perf_counter(), time.process_time()
+    """``(fn(), wall s, CPU s)``; CPU counts this process and the children ``fn`` started and
+    ended (``--overlap``'s rollout processes)."""
+    t0, c0, k0 = time.perf_counter(), time.process_time(), _children_cpu()
     out = fn()
-    return out, time.perf_counter() - t0, time.process_time() - c0
+    return out, time.perf_counter() - t0, time.process_time() - c0 + _children_cpu() - k0
 
 
 def run_sb3(env_id: str, steps: int, seed: int) -> dict:

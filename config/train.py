@@ -207,17 +207,19 @@ class TrainConfig:
     (``actor.flow.LearnerGate``); None: 4 x the larger of one learner batch and one fragment of
     the actor (``steps_ahead_bound``)."""
     torch_threads: int | None = None
-    """Intra-op threads of torch in this process; None: 1 in the decoupled role processes (they
-    share the machine: small-MLP updates on contended cores run several times slower with more),
-    and under ``overlap`` (the actors' thread takes the other core); torch's default otherwise."""
+    """Intra-op threads of torch in this process; None: 1, in both modes. The policies are small
+    MLPs: on an idle 2-core machine co-located PPO on HalfCheetah ran as fast with one thread as
+    with two (wall 0.99x, CPU 0.68x), and beside one other busy process torch's default of two
+    threads ran it at 60 samples/s against 2,142 with one (their spin-waits). Raise it for a
+    large model on a machine of its own."""
     overlap: bool = False
-    """Co-located only: the actors collect fragment k+1 with policy version v (in a second thread)
-    while the learner updates on fragment k, so every fragment after the first is trained one
+    """Co-located only: the actors collect fragment k+1 with policy version v (their envs in child
+    processes, ``actor.rollout_process``) while the learner updates on fragment k, so every fragment after the first is trained one
     version after the one that collected it (policy lag 1, reported as such). Allowed for the
     algorithms that correct a lagged behaviour policy (``config.algos.ALGO_DEFAULTS``' ``overlap``
     column): PPO then trains as decoupled PPO (``decoupled=true``: clip anchored at the learner's
     policy, truncated pi/mu weights); AGRO and TBA as they are. Off: strict alternation, lag 0.
-    Not faster on CPython today: the two threads take turns on the GIL (docs/benchmarks.md)."""
+    On two idle cores PPO on HalfCheetah ran 1.31x strict PPO's samples/s (docs/benchmarks.md)."""
     stream_workers: int = 1
     """Decoupled: Faust workers ``rlstream train --mode decoupled`` starts in the streams group
     (they split the partitions of rl.samples.raw, ``--partitions``)."""

@@ -6,18 +6,15 @@ update -> new PolicyVersion -> actors adopt it before their next fragment. On-po
 therefore stays fresh (policy lag 0 for the PPO family) and every event is still on a topic.
 
 ``--overlap`` (``TrainConfig.overlap``) drives the same roles with ``runtime.roles.drive_overlapped``:
-the actors adopt the newest version, then collect fragment k+1 with it (version v) in a second
-thread while the learner trains fragment k into v+1; the stream processor then prepares k+1,
-which the learner trains in the next round at v+1. Every fragment after the first is one version
-stale (lag 1), and the run's lag figures say so: the progress lines' and the summary's
-``policy_lag`` (the learner's version when a fragment is counted, after the round's update, minus
-the fragment's) and the stream processor's ``lag_versions``. The algorithm corrects for it
-(``config.algos``: PPO as decoupled PPO). The learner gets one torch thread unless
-``torch_threads`` says otherwise. The two threads share CPython's GIL, and with the actors' loop
-(Gymnasium, the numpy sampler) and PPO's small-tensor update both holding it nearly all the time
-they run in turn, not at once: on HalfCheetah the option measured slower than strict alternation
-(docs/benchmarks.md, "Overlap"). It pays only once one side runs outside the GIL (an actor process,
-a free-threaded Python); the rounds, the pinned adoption and the lag reporting would stay.
+the actors adopt the newest version, then collect fragment k+1 with it (version v) while the
+learner trains fragment k into v+1; the stream processor then prepares k+1, which the learner
+trains in the next round at v+1. Each actor's envs run in a child process
+(``actor.rollout_process``), so collection and the update use two cores (two threads of this
+process would take turns on CPython's GIL); the actors' thread only waits on the child's pipe.
+Every fragment after the first is one version stale (lag 1), and the run's lag figures say so:
+the progress lines' and the summary's ``policy_lag`` (the learner's version when a fragment is
+counted, after the round's update, minus the fragment's) and the stream processor's
+``lag_versions``. The algorithm corrects for it (``config.algos``: PPO as decoupled PPO).
 """
 
 from __future__ import annotations
@@ -45,10 +42,11 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     if cfg.actor_lag_versions:
         raise ValueError("--actor-lag-versions applies to decoupled mode only "
                          "(co-located actors always act with the learner's newest version)")
-    if cfg.torch_threads or cfg.overlap:
-        import torch
+    import torch
 
-        torch.set_num_threads(cfg.torch_threads or 1)  # overlap: the actors' thread has the other core
+    # one thread unless asked: a small MLP's update gains nothing from a second one on an idle
+    # machine and runs tens of times slower beside another busy process (config.train)
+    torch.set_num_threads(cfg.torch_threads or 1)
     metrics = metrics or Metrics(role="colocated")
     bus = bus or wiring.build_bus(cfg.bus)
     events = wiring.build_events(bus, metrics)

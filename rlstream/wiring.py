@@ -13,6 +13,7 @@ from actor.actor import Actor, ActorConfig
 from actor.envs import NonFiniteEnvError, env_dims
 from actor.identity import actor_seed
 from actor.policy_client import PolicySubscriber
+from actor.rollout_process import RolloutProcess
 from config import BusConfig, PrepareConfig, TrainConfig
 from learner.learner import Learner, LearnerConfig
 from learner.minibatch import MINIBATCH_SIZES, MinibatchController
@@ -152,7 +153,9 @@ def build_actor(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, ind
                        fragment_steps=cfg.effective_fragment_steps(), seed=actor_seed(cfg.seed, index),
                        group_size=g, wrappers=tuple(cfg.wrappers), swap_every=SWAP_EVERY if (cfg.mode == "decoupled" and not g
                                                                and not is_on_policy(cfg.algo)) else 0)
-    return Actor(acfg, sub, events, on_batch=batch_hook, on_reject=on_reject, flow=flow)
+    # --overlap: the envs in a child process, so collection runs beside the learner's update
+    rollout = RolloutProcess(acfg) if cfg.overlap else None
+    return Actor(acfg, sub, events, on_batch=batch_hook, on_reject=on_reject, flow=flow, rollout=rollout)
 
 
 def build_prepare(cfg: PrepareConfig, blob_store: BlobStore | None, metrics: Metrics | None,

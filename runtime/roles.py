@@ -141,9 +141,10 @@ def _step(slots: Sequence[Slot], stop: threading.Event) -> None:
 @dataclass
 class OverlapTimes:
     """Where the rounds of ``drive_overlapped`` spent their time (seconds, summed over rounds).
-    ``side_s`` and ``main_s`` are wall times, each including the time its thread waited for the
-    other's GIL: ``overlap_saved_s`` is a real saving only where the process's CPU time exceeds its
-    wall time (on CPython with the GIL and Python-bound roles it does not: bench/peers.py)."""
+    ``side_s`` and ``main_s`` are wall times, each including any time its thread waited for the
+    GIL: ``overlap_saved_s`` is a real saving only where the side's work runs outside it
+    (co-located ``--overlap``: the actors' envs in child processes; two Python-bound roles in
+    threads of one process take turns, bench/peers.py)."""
 
     rounds: int = 0
     side_s: float = 0.0
