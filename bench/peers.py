@@ -58,12 +58,13 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _timed(fn) -> tuple[object, float, float]:
-    """``(fn(), wall s, CPU s)``; CPU counts this process and the children ``fn`` started and
-    ended (``--overlap``'s rollout processes)."""
+def _timed(fn) -> tuple[object, float, float, float]:
+    """``(fn(), wall s, CPU s, children's CPU s)``; the CPU figure counts this process and the
+    children ``fn`` started and ended (``--overlap``'s rollout processes), the last those alone."""
     t0, c0, k0 = time.perf_counter(), time.process_time(), _children_cpu()
     out = fn()
-    return out, time.perf_counter() - t0, time.process_time() - c0 + _children_cpu() - k0
+    kids = _children_cpu() - k0
+    return out, time.perf_counter() - t0, time.process_time() - c0 + kids, kids
 
 
 def run_sb3(env_id: str, steps: int, seed: int) -> dict:
@@ -79,7 +80,7 @@ def run_sb3(env_id: str, steps: int, seed: int) -> dict:
                 max_grad_norm=0.5, seed=seed, device="cpu", verbose=0,
                 policy_kwargs={"net_arch": {"pi": [64, 64], "vf": [64, 64]}, "activation_fn": torch.nn.Tanh,
                                "log_std_init": 0.0})
-    _, wall, cpu = _timed(lambda: model.learn(steps))
+    _, wall, cpu, _ = _timed(lambda: model.learn(steps))
     env.close()
     return {"steps": int(model.num_timesteps), "wall_s": wall, "cpu_s": cpu,
             "returns": [float(e["r"]) for e in model.ep_info_buffer]}
@@ -119,9 +120,10 @@ def run_rlstream(env_id: str, steps: int, seed: int, overlap: bool = False) -> d
     with tempfile.TemporaryDirectory() as d:
         cfg = TrainConfig(env_id=env_id, total_steps=steps, seed=seed, run_dir=Path(d), log_every_s=1e9,
                           snapshot_every=0, overlap=overlap)
-        summary, wall, cpu = _timed(lambda: run_colocated(cfg))
+        summary, wall, cpu, children_cpu = _timed(lambda: run_colocated(cfg))
         curve = json.loads((Path(d) / "curve.json").read_text())
-    out = {"steps": int(summary["steps"]), "wall_s": wall, "cpu_s": cpu, "returns": curve["returns"]}
+    out = {"steps": int(summary["steps"]), "wall_s": wall, "cpu_s": cpu, "children_cpu_s": children_cpu,
+           "returns": curve["returns"]}
     if overlap:
         out.update(policy_lag=summary["policy_lag"], overlap=summary["overlap"])
     return out

@@ -59,6 +59,16 @@ def test_peers_bench_runs_sb3_and_rlstream_and_says_why_cleanrl_is_missing():
     assert ("unavailable" in cleanrl) != ("sps" in cleanrl)
 
 
+def test_peers_bench_counts_the_cpu_of_overlaps_rollout_child():
+    doc = bench("bench/peers.py", "--env", "InvertedPendulum-v5", "--steps", "4096", "--seeds", "1",
+                "--peers", "rlstream", "rlstream-overlap")
+    strict, overlap = doc["runs"]["rlstream"][0], doc["runs"]["rlstream-overlap"][0]
+    # the rollout child's CPU (its imports, the envs) is in the overlap peer's CPU figure
+    assert overlap["children_cpu_s"] > strict["children_cpu_s"] and overlap["cpu_s"] > overlap["children_cpu_s"]
+    assert overlap["overlap"]["rounds"] >= 1 and overlap["policy_lag"]["max"] == 1
+    assert doc["ratios"]["overlap_over_strict_sps"] > 0
+
+
 @pytest.mark.kafka
 def test_weightsync_bench_every_subscriber_adopts_every_version(kafka_bootstrap):
     doc = bench("bench/weightsync.py", "--actors", "4", "--procs", "2", "--params", "20000", "--versions", "2",
