@@ -4,11 +4,11 @@ meanwhile. Co-located ``--overlap`` uses it to collect the next fragment while t
 update runs in the parent: two processes, two cores, where two threads of one process take turns.
 
 The child is started with ``spawn`` (no forked torch or broker-client state) and builds the
-envs itself from the ``ActorConfig``; the policy crosses the pipe once per version, pickled by
-value (a CPU module of a few dozen KB, about 3 ms), and fragments come back as SampleBatches.
+envs itself from the ``ActorConfig``; the policy's weights cross the pipe once per version, as
+numpy arrays (a few dozen KB for the MuJoCo MLPs), and fragments come back as SampleBatches.
 The pipe is private to the two processes and carries only objects the parent or the child built
-itself (the policy module the parent's subscriber decoded, the batches the child collected);
-topic data never crosses it. An env error in the child is raised in the parent (``NonFiniteEnvError`` as itself,
+itself (a copy of the policy module the parent's subscriber decoded, its weights, the batches the
+child collected); topic data never crosses it. An env error in the child is raised in the parent (``NonFiniteEnvError`` as itself,
 so the actor rejects the fragment as usual); a child that dies is a ``RolloutProcessError``
 naming its exit code. The child exits when the parent closes it, or when the pipe breaks (the
 parent died).
@@ -16,9 +16,9 @@ parent died).
 
 from __future__ import annotations
 
+import copy
 import multiprocessing as mp
 import os
-import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -58,9 +58,11 @@ def _serve(conn, config) -> None:
                 return
             try:
                 if op == "collect":
-                    _, new_policy, version, T, seq = msg
-                    if new_policy is not None:
-                        policy = pickle.loads(new_policy)
+                    _, module, state, version, T, seq = msg
+                    if module is not None:
+                        policy = module
+                    if state is not None:
+                        policy.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
                     conn.send(("ok", rollout.collect(policy, version, T, seq)))
                 elif op == "reset":
                     rollout.reset()
@@ -130,10 +132,13 @@ class RolloutProcess:
         if cut is not None:
             raise ValueError("a rollout process cannot cut fragments")
         key = (id(policy), version)
-        # by value: through the pipe itself torch would move the module's tensors into shared
-        # memory, and the child would see the parent's later in-place loads mid-fragment
-        blob = pickle.dumps(policy, protocol=pickle.HIGHEST_PROTOCOL) if key != self._sent else None
-        batch = self._request(("collect", blob, version, T, seq), "collect")
+        # A new module goes as a copy (torch shares a sent module's tensors with the child, and the
+        # subscriber loads every later version into this one in place); each version's weights
+        # then go by value, as numpy arrays, so the child never sees a load mid-fragment.
+        module = copy.deepcopy(policy) if self._sent is None or key[0] != self._sent[0] else None
+        state = ({k: v.detach().cpu().numpy().copy() for k, v in policy.state_dict().items()}
+                 if key != self._sent else None)
+        batch = self._request(("collect", module, state, version, T, seq), "collect")
         self._sent = key
         return batch
 

@@ -65,6 +65,8 @@ def test_a_rollout_process_gives_the_batches_an_in_process_rollout_gives(owned, 
                     p.add_(0.3 * torch.randn_like(p))
         got.append((here.collect(policy, version, 150, seq), there.collect(policy, version, 150, seq)))
     here.close()
+    # the child got a copy: sending the live module would have moved its tensors into shared memory
+    assert not any(t.is_shared() for t in policy.state_dict().values())
     for a, b in got:
         for f in FIELDS:
             np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)

@@ -138,7 +138,12 @@ def test_same_inputs_same_outputs_drops_dead_letters_and_commits(shell_kind, req
         assert d.detail.startswith(f"{d.error_class}:") or d.reason == "stale_versions"
     # drops counted with their reasons; the policy reader started K + 1 back (the bad policy
     # record and versions 0..1 were never read)
-    assert stats["drops"] == {"duplicate": 1, "stale_versions": 1, "corrupt": 1, "wrong_type": 1,
+    # (a worker starved long enough under load is rebalanced out and back: the records after the
+    # group's commit are handed to it again, and its dedupe drops each as a duplicate; the
+    # outputs above are the same either way)
+    again = stats["received_batches"] - 7  # 5 published, 1 stale, 1 duplicate
+    assert again >= 0
+    assert stats["drops"] == {"duplicate": 1 + again, "stale_versions": 1, "corrupt": 1, "wrong_type": 1,
                               "invalid": 1}
     assert stats["policy_versions"] == 2 and stats["policy_errors"] == 0 and stats["latest_version"] == 3
     assert stats["published"] == 5 and stats["dead_lettered"] == 4 and stats["skipped"] == 0
