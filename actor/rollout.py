@@ -37,9 +37,10 @@ class Rollout:
         self._ep_len = np.zeros(config.num_envs, dtype=np.int64)
         self._sampler_key: tuple[int, int] | None = None
         self._sampler: GaussianSampler | None = None
-        self._obs = self.reset()
+        self._obs: np.ndarray
+        self.reset()
 
-    def reset(self) -> np.ndarray:
+    def reset(self) -> None:
         """Reset every env with the next seeds (after a rejected fragment, and in group mode)."""
         cfg = self.config
         self._seed_counter += 1
@@ -52,7 +53,6 @@ class Rollout:
         self._ep_return[:] = 0
         self._ep_len[:] = 0
         self._obs = np.asarray(obs, dtype=np.float32)
-        return self._obs
 
     def _sampler_of(self, policy, version: int) -> GaussianSampler | None:
         """The numpy snapshot of the adopted version, taken once per version (not per fragment):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import multiprocessing as mp
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -105,13 +104,16 @@ class RolloutProcess:
     def pid(self) -> int | None:
         return self._proc.pid
 
+    def _died(self, when: str) -> RolloutProcessError:
+        """The error for a broken pipe: the child is gone (reaped, so its exit code is known)."""
+        self._proc.join(CLOSE_S)
+        return RolloutProcessError(f"rollout process {self._proc.pid} died {when} (exit code {self._proc.exitcode})")
+
     def _request(self, msg: tuple, what: str) -> Any:
         try:
             self._conn.send(msg)
-        except OSError as e:  # (BrokenPipeError: the child is gone)
-            self._proc.join(CLOSE_S)
-            raise RolloutProcessError(f"rollout process {self._proc.pid} died before {what} "
-                                      f"(exit code {self._proc.exitcode})") from e
+        except OSError as e:  # (BrokenPipeError)
+            raise self._died(f"before {what}") from e
         return self._answer(None, what)
 
     def _answer(self, timeout: float | None, what: str) -> Any:
@@ -120,9 +122,7 @@ class RolloutProcess:
                 raise RolloutProcessError(f"rollout process {self._proc.pid} did not answer {what} within {timeout:.0f} s")
             kind, value = self._conn.recv()
         except (EOFError, OSError) as e:
-            self._proc.join(CLOSE_S)
-            raise RolloutProcessError(f"rollout process {self._proc.pid} died during {what} "
-                                      f"(exit code {self._proc.exitcode})") from e
+            raise self._died(f"during {what}") from e
         if kind == "error":
             raise value
         return value
@@ -157,6 +157,3 @@ class RolloutProcess:
                 self._proc.kill()
                 self._proc.join(CLOSE_S)
         self._conn.close()
-
-    def __repr__(self) -> str:
-        return f"RolloutProcess({self.config.actor_id}, pid={self._proc.pid}, parent={os.getpid()})"
