@@ -114,23 +114,30 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
         tb_learner.losses(progress.steps, m)
         tb_learner.sps(progress.steps)
 
+    # every role built is closed, also when a later one fails to build (an --overlap actor's
+    # rollout child would otherwise live until the interpreter exits)
+    actors: list[Any] = []
+    worker = None
+    ran = False
     learner = wiring.build_learner(cfg, events, metrics, algo, on_update=on_update, gpu_util=gpu.utilization)
-    learner_ref["learner"] = learner
-    learner.start(resume=cfg.resume)
-    if cfg.resume and learner.stats.updates:
-        progress.steps = learner.stats.updates * cfg.train_batch_size
-        progress.updates = learner.stats.updates
-    progress.version = learner.version
-    worker = wiring.build_prepare_worker(cfg, events, metrics)
-    worker_ref.append(worker)
-    actors = [wiring.build_actor(cfg, events, metrics, i, on_batch=on_batch, log=log, on_latency=on_latency)
-              for i in range(cfg.num_actors)]
-    if log is not None:
-        log.info("train_start", **wiring.describe(cfg), policy_version=learner.version)
-    roles = {**{f"actor-{i}": a for i, a in enumerate(actors)}, "streams": worker, "learner": learner}
-    times = OverlapTimes() if cfg.overlap else None
-    done = lambda: progress.steps >= cfg.total_steps  # noqa: E731
     try:
+        learner_ref["learner"] = learner
+        learner.start(resume=cfg.resume)
+        if cfg.resume and learner.stats.updates:
+            progress.steps = learner.stats.updates * cfg.train_batch_size
+            progress.updates = learner.stats.updates
+        progress.version = learner.version
+        worker = wiring.build_prepare_worker(cfg, events, metrics)
+        worker_ref.append(worker)
+        for i in range(cfg.num_actors):
+            actors.append(wiring.build_actor(cfg, events, metrics, i, on_batch=on_batch, log=log,
+                                             on_latency=on_latency))
+        if log is not None:
+            log.info("train_start", **wiring.describe(cfg), policy_version=learner.version)
+        roles = {**{f"actor-{i}": a for i, a in enumerate(actors)}, "streams": worker, "learner": learner}
+        times = OverlapTimes() if cfg.overlap else None
+        done = lambda: progress.steps >= cfg.total_steps  # noqa: E731
+        ran = True
         if times is not None:
             drive_overlapped([Slot(Pinned(a)) for a in actors], [Slot(learner)], [Slot(worker, drain=True)],
                              before=lambda: [a.adopt() for a in actors], done=done, stop=stop,
@@ -142,10 +149,11 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     finally:
         for a in actors:
             a.close()
-        if learner.snapshots is not None and learner.stats.updates:
+        if ran and learner.snapshots is not None and learner.stats.updates:
             learner.snapshot()
         learner.close()
-        worker.close()
+        if worker is not None:
+            worker.close()
         tb_actor.close()
         tb_learner.close()
     for name, role in roles.items():

@@ -162,3 +162,28 @@ def test_a_colocated_run_uses_one_torch_thread_unless_asked(tmp_path, asked, use
     finally:
         torch.set_num_threads(1)
     assert seen == [used]
+
+
+def test_a_role_that_fails_to_build_leaves_no_rollout_child(tmp_path, monkeypatch):
+    """The second actor's build fails: the first one's rollout child is ended, not left to the
+    interpreter's exit."""
+    from rlstream import wiring
+
+    real = wiring.build_actor
+    built: list = []
+
+    def second_fails(cfg, events, metrics, index, **kw):
+        if index == 1:
+            assert mp.active_children()  # the first actor's child is running now
+            raise RuntimeError("no second actor")
+        built.append(real(cfg, events, metrics, index, **kw))
+        return built[-1]
+
+    monkeypatch.setattr(wiring, "build_actor", second_fails)
+    cfg = TrainConfig(env_id="Pendulum-v1", total_steps=BATCH, train_batch_size=BATCH, run_dir=tmp_path,
+                      log_every_s=1e9, plot=False, snapshot_every=0, overlap=True, num_actors=2,
+                      bus=BusConfig(log_dir=str(tmp_path / "log")))
+    with pytest.raises(RuntimeError, match="no second actor"):
+        run_colocated(cfg)
+    assert len(built) == 1
+    assert not mp.active_children()
