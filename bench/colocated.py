@@ -83,7 +83,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as d:
-        cfg = TrainConfig(env_id=args.env, total_steps=args.steps, num_envs=args.num_envs,
+        cfg = TrainConfig(env_id=args.env, total_steps=args.steps, num_envs=args.num_envs, preset="none",
                           run_dir=Path(d), log_every_s=1e9, snapshot_every=0)
         rollout = peer_loop(cfg, train=False)
         peer = peer_loop(cfg, train=True)

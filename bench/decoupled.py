@@ -157,7 +157,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d, broker as bootstrap:
         base = dict(algo=args.algo, env_id=args.env, total_steps=args.steps, num_envs=args.num_envs,
                     train_batch_size=args.train_batch_size, log_every_s=1e9, snapshot_every=0,
-                    torch_threads=args.threads)
+                    torch_threads=args.threads, preset="none")
         co = colocated(TrainConfig(**base, run_dir=Path(d) / "colocated"))
         kafka = BusConfig(kind="kafka", bootstrap=bootstrap)
         de = decoupled(TrainConfig(**base, mode="decoupled", bus=kafka, run_dir=Path(d) / "decoupled",

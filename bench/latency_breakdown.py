@@ -101,7 +101,7 @@ def run(env: str, batch: int, updates: int, snapshot_every: int, algo: str = "pp
     with tempfile.TemporaryDirectory() as tmp, timed_phases(spans):
         cfg = TrainConfig(env_id=env, algo=algo, train_batch_size=batch, total_steps=batch * updates,
                           run_dir=Path(tmp), snapshot_every=snapshot_every, plot=False, metrics_port=-1,
-                          log_every_s=1.0, torch_threads=1, tensorboard=None)
+                          log_every_s=1.0, torch_threads=1, tensorboard=None, preset="none")
         from actor import policy_client
 
         orig_poll = policy_client.PolicySubscriber.poll

@@ -33,7 +33,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     run_dir = args.out / f"seed{args.seed}-{int(time.time())}"
-    cfg = TrainConfig(env_id=args.env, total_steps=args.steps, seed=args.seed, run_dir=run_dir,
+    cfg = TrainConfig(env_id=args.env, total_steps=args.steps, seed=args.seed, run_dir=run_dir, preset="none",
                       plot=True, log_every_s=60, bus=BusConfig(log_dir=str(run_dir / "log")))
     t0 = time.perf_counter()
     summary = run_colocated(cfg)

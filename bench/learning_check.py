@@ -104,6 +104,7 @@ def run_seed(seed: int, steps: int, env: str, algo: str, out: Path) -> float:
     run_dir = out / f"{algo}-{env}-{steps}-seed{seed}"
     cmd = [sys.executable, "-m", "rlstream.cli", "train", "--mode", "colocated", "--algo", algo, "--env", env,
            "--total-steps", str(steps), "--seed", str(seed), "--torch-threads", "1", "--run-dir", str(run_dir),
+           "--preset", "none",  # the algorithm's row, as the reference band was recorded
            "--metrics-port", "-1", "--no-plot", "--tensorboard", "off", "--log-every", "60"]
     env_vars = Environment.read().child({"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     log = out / f"{run_dir.name}.log"

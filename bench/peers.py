@@ -119,7 +119,7 @@ def run_rlstream(env_id: str, steps: int, seed: int, overlap: bool = False) -> d
 
     with tempfile.TemporaryDirectory() as d:
         cfg = TrainConfig(env_id=env_id, total_steps=steps, seed=seed, run_dir=Path(d), log_every_s=1e9,
-                          snapshot_every=0, overlap=overlap)
+                          snapshot_every=0, overlap=overlap, preset="none")  # the peers' settings, not a task preset
         summary, wall, cpu, children_cpu = _timed(lambda: run_colocated(cfg))
         curve = json.loads((Path(d) / "curve.json").read_text())
     out = {"steps": int(summary["steps"]), "wall_s": wall, "cpu_s": cpu, "children_cpu_s": children_cpu,

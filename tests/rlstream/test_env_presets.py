@@ -49,9 +49,10 @@ def test_walker_defaults_to_cleanrl_and_takes_the_zoo_row_when_asked(tmp_path):
     assert not algo_cfg.anneal_lr and not algo_cfg.clip_vloss
 
 
-@pytest.mark.parametrize("env_id", ["HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5"])
+@pytest.mark.parametrize("env_id", ["Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5"])
 def test_every_mujoco_task_defaults_to_the_measured_best_row_and_keeps_the_zoo_row(env_id):
-    # CleanRL's settings beat the zoo's rows at 1M steps on the four measured (docs/algorithms.md)
+    # CleanRL's settings beat the zoo's rows at 1M steps on these four (docs/algorithms.md);
+    # HalfCheetah is the other way round (its own test)
     assert env_preset("ppo", env_id)[0] == "cleanrl" and TrainConfig(env_id=env_id).algo_overrides == {}
     assert TrainConfig(env_id=env_id, preset="zoo").algo_overrides
 
@@ -86,11 +87,13 @@ def test_flags_and_set_win_over_the_preset(tmp_path):
     assert cfg.algo_overrides["gamma"] == 0.999  # the rest of the preset stays
 
 
-def test_halfcheetah_keeps_the_algorithm_row_unless_asked(tmp_path):
+def test_halfcheetah_defaults_to_the_zoo_row_and_takes_the_algorithm_row_when_asked(tmp_path):
     cfg = parsed("--env", "HalfCheetah-v5", tmp_path=tmp_path / "a")
-    assert cfg.preset_name() == "cleanrl" and cfg.algo_overrides == {} and cfg.train_batch_size == 2048
-    zoo = parsed("--env", "HalfCheetah-v5", "--preset", "zoo", tmp_path=tmp_path / "b")
-    assert zoo.train_batch_size == 512 and zoo.algo_overrides["update_epochs"] == 20
+    assert cfg.preset_name() == "zoo" and cfg.train_batch_size == 512
+    assert cfg.algo_overrides["update_epochs"] == 20 and cfg.algo_overrides["num_minibatches"] == 8
+    assert cfg.algo_overrides["hidden"] == (256, 256) and cfg.algo_overrides["gamma"] == 0.98
+    cleanrl = parsed("--env", "HalfCheetah-v5", "--preset", "cleanrl", tmp_path=tmp_path / "b")
+    assert cleanrl.algo_overrides == {} and cleanrl.train_batch_size == 2048
     none = parsed("--env", "Hopper-v5", "--preset", "none", tmp_path=tmp_path / "c")
     assert none.preset_name() is None and none.algo_overrides == {} and none.train_batch_size == 2048
 
