@@ -1,4 +1,4 @@
-"""The MuJoCo table: co-located PPO at a fixed step budget on the v5 locomotion tasks, several
+"""The MuJoCo table: co-located PPO (or AGRO, TBA) at a fixed step budget on the v5 locomotion tasks, several
 seeds, each run as ``rlstream train --env <task>`` runs it (the task's preset from
 ``config.algos.ENV_PRESETS``, no flags), set beside the published figures of the two references
 people compare with.
@@ -16,7 +16,11 @@ v5 up to the contact-force terms):
   as printed in docs/rl-algorithms/ppo.md of vwxyzjn/cleanrl;
 - RL Baselines3 Zoo ``benchmark.md`` (commit 0088472, one tuned run per task, MuJoCo v3).
 
+``--algo agro`` (or ``tba``) runs that algorithm's rows instead, at its own run defaults (no
+preset); its results sit beside PPO's in the same ``--out``, one row per (task, algorithm).
+
     python bench/mujoco_table.py --envs Hopper-v5 Walker2d-v5 Ant-v5 Humanoid-v5 --seeds 0 1 2
+    python bench/mujoco_table.py --algo agro --envs HalfCheetah-v5 --seeds 0 1 2
     python bench/mujoco_table.py --render runs/bench-mujoco
 """
 
@@ -48,27 +52,27 @@ SOURCES = {"cleanrl": "CleanRL ppo_continuous_action.py, Open RL Benchmark tag p
                   "of one tuned run (std over its evaluation episodes)"}
 
 
-def _one(job: tuple[str, int, int, str, int, str]) -> dict:
-    env_id, seed, steps, out, episodes, preset = job
+def _one(job: tuple[str, str, int, int, str, int, str]) -> dict:
+    algo, env_id, seed, steps, out, episodes, preset = job
     import torch
     torch.set_num_threads(1)
     from bench.algorithms import train_one
     from config import TrainConfig
 
-    path = _result_file(Path(out), env_id, seed)
-    result = train_one("ppo", env_id, steps, seed, path.parent, episodes, preset=preset)
-    result.update(env=env_id, preset=TrainConfig(algo="ppo", env_id=env_id, preset=preset).preset_name())
+    path = _result_file(Path(out), algo, env_id, seed)
+    result = train_one(algo, env_id, steps, seed, path.parent, episodes, preset=preset)
+    result.update(env=env_id, preset=TrainConfig(algo=algo, env_id=env_id, preset=preset).preset_name())
     path.write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
-def _result_file(out: Path, env_id: str, seed: int) -> Path:
+def _result_file(out: Path, algo: str, env_id: str, seed: int) -> Path:
     from config.algos import env_family
-    return out / env_family(env_id) / f"ppo-seed{seed}.json"
+    return out / env_family(env_id) / f"{algo}-seed{seed}.json"
 
 
 def collect(out: Path) -> list[dict]:
-    return [json.loads(f.read_text()) for f in sorted(out.glob("*/ppo-seed*.json"))]
+    return [json.loads(f.read_text()) for f in sorted(out.glob("*/*-seed*.json"))]
 
 
 
@@ -79,17 +83,17 @@ def _ref(table: dict, family: str) -> str:
 
 def render(runs: list[dict], steps: int) -> tuple[list[dict], str]:
     rows, lines = [], [
-        "| task | preset | seeds | eval return (deterministic) | train return (last 20) | CleanRL PPO | zoo PPO "
-        "| wall s / run | SPS |", "|---|---|---|---|---|---|---|---|---|"]
-    for env_id in dict.fromkeys(r["env"] for r in runs):
-        rs = [r for r in runs if r["env"] == env_id]
+        "| task | algo | preset | seeds | eval return (deterministic) | train return (last 20) | CleanRL PPO | zoo PPO "
+        "| wall s / run | SPS |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for env_id, algo in dict.fromkeys((r["env"], r.get("algo", "ppo")) for r in runs):
+        rs = [r for r in runs if r["env"] == env_id and r.get("algo", "ppo") == algo]
         family = env_id.rpartition("-")[0]
-        row = {"env": env_id, "preset": rs[0].get("preset"), "seeds": sorted(r["seed"] for r in rs),
+        row = {"env": env_id, "algo": algo, "preset": rs[0].get("preset"), "seeds": sorted(r["seed"] for r in rs),
                "eval": _ms([r["eval"] for r in rs]), "train_last20": _ms([r["train_last20"] for r in rs]),
                "wall_s": _ms([r["wall_s"] for r in rs]), "sps": _ms([r["sps"] for r in rs]),
                "cleanrl": CLEANRL_PPO.get(family), "zoo": ZOO_PPO.get(family)}
         rows.append(row)
-        lines.append(f"| {env_id} | {row['preset'] or 'none (CleanRL)'} | {len(rs)} | {row['eval']['mean']:.0f} ± "
+        lines.append(f"| {env_id} | {algo} | {row['preset'] or ('none (CleanRL)' if algo == 'ppo' else 'none')} | {len(rs)} | {row['eval']['mean']:.0f} ± "
                      f"{row['eval']['std']:.0f} | {row['train_last20']['mean']:.0f} ± {row['train_last20']['std']:.0f} "
                      f"| {_ref(CLEANRL_PPO, family)} | {_ref(ZOO_PPO, family)} | {row['wall_s']['mean']:.0f} "
                      f"| {row['sps']['mean']:.0f} |")
@@ -108,12 +112,13 @@ def plot(runs: list[dict], out: Path, steps: int, path: Path) -> None:
     for ax, env_id in zip(axes[0], envs):
         family = env_id.rpartition("-")[0]
         for r in (r for r in runs if r["env"] == env_id):
-            curve = out / family / f"ppo-seed{r['seed']}" / "curve.json"
+            algo = r.get("algo", "ppo")
+            curve = out / family / f"{algo}-seed{r['seed']}" / "curve.json"
             if curve.exists():
                 c = json.loads(curve.read_text())
                 k = min(20, len(c["returns"]))  # mean of the last 20 episodes, as the table's "train"
                 smooth = np.convolve(c["returns"], np.ones(k) / k, mode="valid")
-                ax.plot(c["steps"][k - 1:], smooth, lw=1, label=f"seed {r['seed']}")
+                ax.plot(c["steps"][k - 1:], smooth, lw=1, label=f"{algo} seed {r['seed']}")
         for name, table, style in (("CleanRL", CLEANRL_PPO, "--"), ("zoo", ZOO_PPO, ":")):
             if table.get(family):
                 ax.axhline(table[family][0], ls=style, color="k", lw=1, label=f"{name} PPO @1M")
@@ -129,6 +134,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--envs", nargs="+", default=["Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--algo", default="ppo", choices=["ppo", "agro", "tba"],
+                    help="the algorithm of the rows run (the references are PPO's)")
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--eval-episodes", type=int, default=10)
@@ -142,8 +149,8 @@ def main() -> None:
     t0 = time.perf_counter()
     if not a.render:
         # seed-major order: every task gets its first seed before any gets its second
-        jobs = [(e, s, a.steps, str(out), a.eval_episodes, a.preset) for s in a.seeds for e in a.envs
-                if not _result_file(out, e, s).exists()]
+        jobs = [(a.algo, e, s, a.steps, str(out), a.eval_episodes, a.preset) for s in a.seeds for e in a.envs
+                if not _result_file(out, a.algo, e, s).exists()]
         with mp.get_context("spawn").Pool(max(1, a.jobs), maxtasksperchild=1) as pool:
             for r in pool.imap_unordered(_one, jobs):
                 print(json.dumps({"env": r["env"], "seed": r["seed"], "eval": round(r["eval"], 1),

@@ -70,6 +70,15 @@ def test_mujoco_table_runs_each_task_with_its_preset_beside_the_published_figure
     subprocess.run([sys.executable, "bench/mujoco_table.py", "--envs", "Walker2d-v5", "--seeds", "0", "--steps", "1024",
                     "--preset", "zoo", "--jobs", "1", "--out", str(tmp_path)], cwd=ROOT, check=True, timeout=600)
     assert json.loads((tmp_path / "table.json").read_text())["runs"] == doc["runs"]
+    # another algorithm's row sits beside it, at that algorithm's own run defaults (no preset)
+    subprocess.run([sys.executable, "bench/mujoco_table.py", "--algo", "agro", "--envs", "Walker2d-v5", "--seeds", "0",
+                    "--steps", "2048", "--jobs", "1", "--eval-episodes", "1", "--out", str(tmp_path)],
+                   cwd=ROOT, check=True, timeout=1200)
+    both = json.loads((tmp_path / "table.json").read_text())
+    assert [(r["algo"], r["preset"]) for r in both["rows"]] == [("agro", None), ("ppo", "zoo")]
+    agro = next(r for r in both["runs"] if r["algo"] == "agro")
+    assert agro["updates"] == 1 and agro["run"]["train_batch_size"] == 2048  # AGRO's row, not the zoo's
+    assert doc["runs"][0] in both["runs"]
 
 
 @pytest.mark.kafka
