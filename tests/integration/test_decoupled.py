@@ -281,7 +281,8 @@ def test_train_decoupled_smoke(rl_topics, tmp_path):
     procs = summary["processes"]
     assert procs["learner"]["updates"] == 2 and procs["learner"]["samples_trained"] == 2048
     assert procs["actor-0"]["flow"]["flow"] == "on_policy_sync" and procs["actor-0"]["flow"]["timeouts"] == 0
-    assert procs["streams"]["freshness"] == 1.0 and procs["streams"]["drops"] == {}
+    # nothing dropped; a record handed again after a rebalance (at least once) is only a duplicate
+    assert procs["streams"]["freshness"] == 1.0 and set(procs["streams"]["drops"]) <= {"duplicate"}
     # every child was probed (liveness, as the manifests' probe) and none was restarted
     assert summary["restarts"] == {} and summary["restart_reasons"] == []
 

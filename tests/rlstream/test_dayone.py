@@ -145,7 +145,8 @@ def test_decoupled_own_env_wrappers_tensorboard_per_role(rl_topics, tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["exit_codes"] == {"learner": 0, "streams": 0, "actor-0": 0}, summary
     assert summary["processes"]["learner"]["updates"] == 2
-    assert summary["processes"]["streams"]["drops"] == {}
+    # nothing dropped; a record handed again after a rebalance (at least once) is only a duplicate
+    assert set(summary["processes"]["streams"]["drops"]) <= {"duplicate"}, summary["processes"]["streams"]
     last = p.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"verdict: return -?[\d.]+ \(first episodes\) -> -?[\d.]+ \(last 20 episodes\); "
                         r"plot: .+actor-0/returns\.png", last), last
