@@ -138,7 +138,7 @@ def run_decoupled_one(algo_name: str, env_id: str, K: int, correction: bool, ste
     with tempfile.TemporaryDirectory() as d:
         cfg = TrainConfig(mode="decoupled", algo=algo_name, env_id=env_id, total_steps=steps, seed=seed,
                           run_dir=Path(d), log_every_s=1e9, snapshot_every=0, plot=False, actor_lag_versions=K,
-                          algo_overrides=algo_overrides,
+                          algo_overrides=algo_overrides, preset="none",
                           streams=PrepareConfig.for_algo(algo_name, max_versions=1 << 20, max_ms=None),
                           bus=BusConfig(kind="kafka", bootstrap=bootstrap,
                                         namespace=f"stale-{algo_name}-{K}-{int(correction)}-{seed}-{uuid.uuid4().hex[:6]}"))
