@@ -1,7 +1,7 @@
 """Learning check: does co-located PPO still learn as well as the stored reference?
 
 Trains a few seeds at a short budget (``rlstream train --mode colocated``, one torch thread each,
-the algorithm's defaults) and compares the mean over seeds of each run's ``return_mean20`` (the
+the algorithm's row, ``--preset none``, as the references were recorded) and compares the mean over seeds of each run's ``return_mean20`` (the
 mean return of its last 20 training episodes, from ``<run>/summary.json``) with the reference
 band stored in ``bench/results/learning_check_<algo>_<env>.json``. It prints one JSON document
 with ``"pass": true|false`` and exits 1 when the mean falls below the band, so a drop like issue
