@@ -42,6 +42,9 @@ def _rank(rank: int, world: int, port: int, jobs, out) -> None:
             mine = shares[rank]
             dp.update(to_trajectory_batch(mine, ids) if mine else None, sum(b.sample.size for b in mine))
         out.put((j, rank, params(algo).numpy(), dp.uneven_updates, dp.sync.reductions))  # no shared tensors
+    # both ranks reach the teardown together: a gloo rank destroying its group while the other is
+    # still working can abort ("terminate called without an active exception", exit -6)
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 
