@@ -85,8 +85,8 @@ def render(runs: list[dict], steps: int) -> tuple[list[dict], str]:
     rows, lines = [], [
         "| task | algo | preset | seeds | eval return (deterministic) | train return (last 20) | CleanRL PPO | zoo PPO "
         "| wall s / run | SPS |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for env_id, algo in dict.fromkeys((r["env"], r.get("algo", "ppo")) for r in runs):
-        rs = [r for r in runs if r["env"] == env_id and r.get("algo", "ppo") == algo]
+    for env_id, algo in dict.fromkeys((r["env"], r["algo"]) for r in runs):
+        rs = [r for r in runs if r["env"] == env_id and r["algo"] == algo]
         family = env_id.rpartition("-")[0]
         row = {"env": env_id, "algo": algo, "preset": rs[0].get("preset"), "seeds": sorted(r["seed"] for r in rs),
                "eval": _ms([r["eval"] for r in rs]), "train_last20": _ms([r["train_last20"] for r in rs]),
@@ -112,7 +112,7 @@ def plot(runs: list[dict], out: Path, steps: int, path: Path) -> None:
     for ax, env_id in zip(axes[0], envs):
         family = env_id.rpartition("-")[0]
         for r in (r for r in runs if r["env"] == env_id):
-            algo = r.get("algo", "ppo")
+            algo = r["algo"]
             curve = out / family / f"{algo}-seed{r['seed']}" / "curve.json"
             if curve.exists():
                 c = json.loads(curve.read_text())
