@@ -4,7 +4,8 @@
     # {"version": 12, "source": "log", "env": "CartPole-v1", "mean": 500.0, "std": 0.0, ...}
 
 The weights come from the run's event log (``RUN/log``, every version ever published), or
-else from its snapshots (``RUN/snapshots``); no version: the newest. The env is the one the
+else from its snapshots (``RUN/snapshots``), or else from a policy saved whole (a DPO replay's
+``RUN/policy.safetensors``, version 0); no version: the newest. The env is the one the
 run trained on (``summary.json`` or the snapshot's metadata) unless ``env_id`` is given.
 ``video_dir``: the first episode is rendered offscreen (``rgb_array``; MuJoCo needs
 ``MUJOCO_GL=egl`` or ``osmesa``) and written there as an MP4 (or a GIF without ffmpeg).
@@ -64,6 +65,21 @@ def _from_snapshots(store_dir: Path, version: int | None) -> tuple[int, Policy, 
     return version, policy.eval(), meta
 
 
+def _from_policy_file(path: Path, version: int | None) -> tuple[int, Policy] | None:
+    """A trained policy saved whole (``policy.safetensors``: a DPO replay's run), as version 0."""
+    from schemas.weights import decode_weights
+    from streams.policies import policy_from_arch
+
+    if version not in (None, 0) or not path.is_file():
+        return None
+    weights, arch = decode_weights(path.read_bytes())
+    if not arch:
+        raise EvalError(f"{path} records no architecture")
+    policy = policy_from_arch(arch)
+    policy.load_state_dict(weights, strict=True)
+    return 0, policy.eval()
+
+
 def load_version(run_dir: Path, version: int | None) -> tuple[int, Policy, str, dict]:
     """``(version, policy, source, snapshot meta)`` of ``run_dir``; EvalError if not recorded."""
     found = _from_log(run_dir / "log", version)
@@ -72,8 +88,12 @@ def load_version(run_dir: Path, version: int | None) -> tuple[int, Policy, str, 
     snap = _from_snapshots(run_dir / "snapshots", version)
     if snap is not None:
         return snap[0], snap[1], "snapshots", snap[2]
+    whole = _from_policy_file(run_dir / "policy.safetensors", version)
+    if whole is not None:
+        return whole[0], whole[1], "policy.safetensors", {}
     which = "any version" if version is None else f"version {version}"
-    raise EvalError(f"{run_dir}: {which} is neither in its event log (log/) nor in its snapshots (snapshots/)")
+    raise EvalError(f"{run_dir}: {which} is neither in its event log (log/), its snapshots (snapshots/) "
+                    "nor a saved policy (policy.safetensors)")
 
 
 def _run_env(run_dir: Path, meta: dict) -> tuple[str | None, list[str]]:

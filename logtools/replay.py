@@ -51,6 +51,7 @@ from agents.dpo import PreferenceBatch
 from config import BusConfig
 from streams.policies import Blobs, arch_of, load_policy
 from logtools.subscribe import _decode, open_events
+from runtime.rundir import write_json_atomic
 from schemas.errors import CodecError
 from schemas.events import DeadLetter, PolicyVersion, PreferencePair, PreparedBatch, SampleBatch, now_ms
 from schemas.weights import encode_weights
@@ -58,10 +59,14 @@ from streams.bus.base import Bus, Record
 from streams.events import EventBus
 from streams.topics import DEADLETTER, POLICY_VERSIONS, PREFERENCES, SAMPLES_RAW
 
-__all__ = ["Segment", "build_segments", "pair_segments", "run_replay", "PAIR_ID_HEADER"]
+__all__ = ["Segment", "build_segments", "pair_segments", "run_replay", "PAIR_ID_HEADER", "ReplayError"]
 
 PAIR_ID_HEADER = "rl-pair-id"
 STAGE = "replay"
+
+
+class ReplayError(ValueError):
+    """The replayed topic cannot give what was asked (too few preference pairs to train on)."""
 
 
 @dataclass(frozen=True)
@@ -291,7 +296,7 @@ def run_replay(bus_config: BusConfig | Bus | EventBus, topic: str = SAMPLES_RAW,
     """
     t0 = time.perf_counter()
     out = Path(out)
-    events, owned = open_events(bus_config)
+    events, owned = open_events(bus_config, need=(topic,))
     try:
         skipped: Counter = Counter()
         already_dead = _dead_lettered_here(events)
@@ -336,8 +341,12 @@ def run_replay(bus_config: BusConfig | Bus | EventBus, topic: str = SAMPLES_RAW,
         dpo = None
         if train:
             if len(pairs) < 2:
-                raise ValueError(f"cannot train DPO on {len(pairs)} preference pair(s) from {topic} "
-                                 f"({records} records, {len(segments)} segments of {segment} steps)")
+                ns = getattr(events.bus, "ns", None)
+                where = f"{topic} in namespace {ns.name!r}" if ns is not None else topic
+                hint = ("the topic is empty: is this the run's namespace (--namespace, --run-dir)?" if not records
+                        else "too few comparable segments: try a shorter --segment")
+                raise ReplayError(f"cannot train DPO on {len(pairs)} preference pair(s) from {where} "
+                                  f"({records} records, {len(segments)} segments of {segment} steps): {hint}")
             dpo = _train_dpo(events, pairs, beta=beta, epochs=epochs, heldout=heldout, policy_id=policy_id,
                              out=out, lr=lr, minibatch=minibatch, seed=seed, hidden=hidden, blob_store=blob_store)
     finally:
@@ -349,6 +358,7 @@ def run_replay(bus_config: BusConfig | Bus | EventBus, topic: str = SAMPLES_RAW,
         "skipped": dict(sorted(skipped.items())), "dead_lettered": dead,
         "seconds": round(time.perf_counter() - t0, 3), "dpo": dpo,
     }
-    if train:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
+    if train:  # the DPO result is a run of its own (``rlstream eval`` reads policy.safetensors)
+        summary.update({"mode": "dpo", "env": dpo["env_id"] if dpo else None})
+        write_json_atomic(out / "summary.json", summary)
     return summary

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -14,6 +15,7 @@ from typing import Any
 
 from config.env import Environment
 from config.storage import ObjectStoreConfig
+from config.bus import LATEST_RUN
 from runtime.ports import DEFAULT_PORTS, KNOWN_COMMANDS, metrics_port
 from runtime.prune import DEFAULT_OLDER_THAN
 
@@ -59,8 +61,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-id", default="")
     p.add_argument("--namespace", default=None,
                    help="run namespace scoping every topic and consumer group (<ns>.rl.samples.raw); "
-                        "default: env RLSTREAM_NAMESPACE, else the run id for `train --mode decoupled` "
-                        "and the legacy unscoped names for every other command")
+                        "default: env RLSTREAM_NAMESPACE, else the run id for `train --mode decoupled`, "
+                        "the one --run-dir (default runs/latest) records for the Kafka tools "
+                        "(subscribe, replay, serve, rollback, lag), and the legacy unscoped names otherwise")
     p.add_argument("--log-dir", default=None,
                    help="memory bus: directory of a run's event log (e.g. runs/latest/log) to read or extend")
 
@@ -198,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--act-window-s", type=_positive, default=60.0, help="window of that p99 (default 60 s)")
     p.add_argument("--act-min-requests", type=int, default=20,
                    help="fewer /act requests than this in the window count as healthy (default 20)")
+    p.add_argument("--run-dir", type=Path, default=None, metavar="RUN",
+                   help="the run to read: its namespace (RUN/namespace) when neither --namespace nor "
+                        "RLSTREAM_NAMESPACE names one (default: runs/latest)")
 
     p = sub.add_parser("replay", help="replay a historical topic (offline DPO)")
     _add_common(p)
@@ -208,7 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--beta", type=float, default=0.1)
     p.add_argument("--segment", type=int, default=32, help="segment length of preference pairs")
     p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--out", type=Path, default=Path("runs/dpo"))
+    p.add_argument("--run-dir", type=Path, default=None, metavar="RUN",
+                   help="the run to read: its namespace (RUN/namespace) when neither --namespace nor "
+                        "RLSTREAM_NAMESPACE names one (default: runs/latest)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="the DPO run's directory (default: runs/<new run id>; runs/latest follows it)")
 
     p = sub.add_parser("subscribe", help="follow an event stream (e.g. policies)")
     _add_common(p)
@@ -216,6 +226,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from-version", type=int, default=None, help="start at this policy version")
     p.add_argument("--count", type=int, default=None, help="stop after this many events")
     p.add_argument("--timeout", type=float, default=None, help="stop after this many idle seconds")
+    p.add_argument("--run-dir", type=Path, default=None, metavar="RUN",
+                   help="the run to read: its namespace (RUN/namespace) when neither --namespace nor "
+                        "RLSTREAM_NAMESPACE names one (default: runs/latest)")
+
+    p = sub.add_parser("lag", help="consumer lag per group and partition, as kafka-consumer-groups --describe")
+    p.add_argument("--bootstrap", default=None, help="Kafka bootstrap servers (env KAFKA_BROKERS)")
+    p.add_argument("--namespace", default=None,
+                   help="the run namespace whose groups to show (default: env RLSTREAM_NAMESPACE, else the "
+                        "one --run-dir records, else the legacy unscoped names)")
+    p.add_argument("--run-dir", type=Path, default=None, metavar="RUN",
+                   help="the run whose namespace to read (RUN/namespace; default: runs/latest)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--group", action="append", default=None, metavar="GROUP",
+                       help="this consumer group (as Kafka names it, or scoped: learner -> <ns>.learner); "
+                            "repeatable (default: the run's groups <ns>.rlstream-streams and <ns>.learner)")
+    which.add_argument("--all", action="store_true", help="every consumer group of the namespace")
+    p.add_argument("--learner-group", default=None, metavar="NAME",
+                   help="the run's learner group (env RLSTREAM_LEARNER_GROUP; default: learner)")
+    p.add_argument("--json", action="store_true", help="JSON instead of the table")
 
     p = sub.add_parser("rollback", help="republish a snapshot as the newest policy version")
     _add_common(p)
@@ -249,28 +278,60 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"age of a run's newest file past which it goes: {DEFAULT_OLDER_THAN} (default), 12h, 90m, ...")
     p.add_argument("--yes", action="store_true", help="remove them (default: a dry run that only lists them)")
 
+    p = sub.add_parser("runs", help="list the runs in a folder: id, mode, algorithm, env, steps, return, status")
+    p.add_argument("runs_dir", type=Path, nargs="?", default=RUNS_ROOT, metavar="RUNS_DIR",
+                   help="folder of run directories (default: runs)")
+    p.add_argument("--json", action="store_true", help="one JSON object per run instead of the table")
+
     _add_time_travel(sub)
     sub.add_parser("broker", help="local Apache Kafka broker (start|stop|status|fetch)", add_help=False)
     assert set(sub.choices) == set(KNOWN_COMMANDS), "CLI and runtime.ports.KNOWN_COMMANDS disagree"
     return parser
 
 
-def resolve_run_dir(run_dir: Path | None, run_id: str, resume: bool) -> Path:
-    """``runs/<run_id>`` for a new run (``runs/latest`` points at it), ``runs/latest`` to resume."""
-    if run_dir is not None:
-        return run_dir
-    runs = Path("runs")
-    if resume:
-        return runs / "latest"
-    target = runs / run_id
-    target.mkdir(parents=True, exist_ok=True)
-    latest = runs / "latest"
-    if latest.is_symlink() or not latest.exists():
-        tmp = runs / f".latest-{run_id}"
-        tmp.unlink(missing_ok=True)
-        tmp.symlink_to(run_id)
-        tmp.replace(latest)
-    return target
+RUNS_ROOT = Path("runs")
+
+
+def run_dir_of(a: argparse.Namespace, run_id: str, resume: bool) -> tuple[Path, str]:
+    """The run directory of a training command and its run id: ``--run-dir``, else ``runs/<run-id>``
+    for a new run, else (``--resume``) the run ``runs/latest`` points at, under its recorded id."""
+    from runtime.rundir import LATEST, RunDir
+
+    if a.run_dir is not None:
+        path = a.run_dir
+    elif resume:
+        latest = RUNS_ROOT / LATEST
+        if not latest.exists():
+            _refuse(f"--resume: no run to resume ({latest} does not exist); give the run with --run-dir")
+        target = Path(os.readlink(latest)) if latest.is_symlink() else latest
+        path = target if target.is_absolute() or not latest.is_symlink() else RUNS_ROOT / target
+    else:
+        path = RUNS_ROOT / run_id
+    info = RunDir(path).info() if resume else None
+    return path, (info.run_id if info is not None else run_id)
+
+
+def claim_run_dir(cfg, *, join: bool) -> None:
+    """Make ``cfg.run_dir`` this run's (``runtime.rundir.RunDir.claim``; refused: exit 2) and point
+    ``latest`` at it where runs live (``runs/``, or a folder that already has a ``latest``)."""
+    from runtime.rundir import LATEST, RunDir, RunDirError
+
+    rd = RunDir(cfg.run_dir)
+    fresh = rd.info() is None
+    try:
+        rd.claim(cfg.run_id, mode=cfg.mode, resume=cfg.resume, join=join, algo=cfg.algo, env_id=cfg.env_id,
+                 namespace=cfg.bus.namespace if cfg.mode == "decoupled" else "")
+    except RunDirError as e:
+        _refuse(str(e))
+    parent = rd.path.parent
+    if (fresh or cfg.resume) and (parent.resolve() == RUNS_ROOT.resolve() or (parent / LATEST).is_symlink()):
+        rd.point_latest()
+
+
+def _refuse(message: str):
+    """One line on stderr and exit code 2: input the command cannot use."""
+    print(f"rlstream: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 def train_namespace(given: str, flag: str | None, run_id: str, run_dir: Path, resume: bool) -> str:
@@ -278,11 +339,11 @@ def train_namespace(given: str, flag: str | None, run_id: str, run_dir: Path, re
     the one ``run_dir`` recorded, else the run id, so every new run has its own topics and groups."""
     if flag is not None or given:
         return given
-    from rlstream.decoupled import NAMESPACE_FILE
+    from runtime.rundir import RunDir
 
-    recorded = run_dir / NAMESPACE_FILE
-    if resume and recorded.exists():
-        return recorded.read_text().strip()
+    recorded = RunDir(run_dir).recorded_namespace() if resume else None
+    if recorded:
+        return recorded
     from streams.topics import Namespace
 
     return Namespace.derive(run_id).name
@@ -290,21 +351,23 @@ def train_namespace(given: str, flag: str | None, run_id: str, run_dir: Path, re
 
 def train_config(a: argparse.Namespace, default_bus: str = "memory"):
     """The ``TrainConfig`` of a parsed training command: the generated flags' ``a.train`` with the
-    entry-point fields resolved (run id and directory, bus and namespace, wrappers, overrides)."""
+    entry-point fields resolved (run id and directory, bus and namespace, wrappers, overrides).
+    Nothing is written: ``claim_run_dir`` makes the directory the run's once it is checked."""
     from config import BusConfig
 
     env: Environment = a.env
     base = a.train
-    run_id = a.run_id or env.run_id or uuid.uuid4().hex[:12]
     mode = a.mode if a.command == "train" else "decoupled"
     if base.overlap and mode != "colocated":
         from config.train import OVERLAP_COLOCATED_ONLY
 
         raise SystemExit(f"error: {OVERLAP_COLOCATED_ONLY}")
-    run_dir = resolve_run_dir(a.run_dir, run_id, base.resume) if mode == "colocated" else (
-        a.run_dir or Path("runs") / "decoupled")
     bus = BusConfig.from_environment(env, kind=a.bus or None, bootstrap=a.bootstrap, log_dir=a.log_dir,
                                      namespace=a.namespace, learner_group=a.learner_group)
+    run_id = a.run_id or env.run_id or ""
+    if not run_id and a.command != "train" and bus.namespace:
+        run_id = bus.namespace  # the roles of a run started one by one share its namespace's directory
+    run_dir, run_id = run_dir_of(a, run_id or uuid.uuid4().hex[:12], base.resume)
     if a.partitions is not None:
         bus = replace(bus, partitions=a.partitions)
     if a.command == "train" and mode == "decoupled":
@@ -312,10 +375,10 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
     if mode == "colocated" and (a.bus or "memory") == "memory":
         log_dir = Path(a.log_dir) if a.log_dir else run_dir / "log"
         if not base.resume and (log_dir / "_topics.json").exists():
-            raise SystemExit(f"{run_dir} already holds a run's event log; pass --resume to continue it, "
-                             "or choose another --run-dir")
+            _refuse(f"{run_dir} already holds a run's event log; pass --resume to continue it, "
+                    "or choose another --run-dir")
         if base.resume and not (log_dir / "_topics.json").exists():
-            raise SystemExit(f"--resume: no run to resume in {run_dir} (no event log at {log_dir})")
+            _refuse(f"--resume: no run to resume in {run_dir} (no event log at {log_dir})")
         bus = replace(bus, kind="memory", log_dir=str(log_dir))
     elif a.bus is None and default_bus == "kafka":
         bus = replace(bus, kind="kafka", log_dir=None)
@@ -369,6 +432,7 @@ def cmd_train(a: argparse.Namespace) -> int:
     from runtime.metrics import Metrics
 
     cfg = train_config(a, default_bus="kafka" if a.mode == "decoupled" else "memory")
+    claim_run_dir(cfg, join=False)
     configure_logging(role=cfg.mode, run_id=cfg.effective_run_id(), level=a.log_level, json=a.log_json)
     log = get_logger("rlstream.train")
     preset = cfg.preset_name()
@@ -415,6 +479,7 @@ def cmd_role(a: argparse.Namespace) -> int:
         cfg = replace(cfg, resume=True)  # a supervised restart: the run's config, resumed
     if config and a.metrics_port is not None:
         cfg = replace(cfg, metrics_port=a.metrics_port)  # this process's own port (the run's file has none)
+    claim_run_dir(cfg, join=True)  # a role joins its run's directory; another run's is refused
     role = a.command
     world = len(distributed.parse_devices(cfg.device, cfg.learners)) if role == "learner" else 1
     ranks = env.rank()
@@ -456,8 +521,9 @@ def _tool_bus(a: argparse.Namespace):
         raise SystemExit("--bus memory needs --log-dir (the event log of a co-located run, e.g. runs/latest/log)")
     if kind == "memory" and not (Path(log_dir) / "_topics.json").exists():
         raise SystemExit(f"no event log at {log_dir}")
+    run_dir = getattr(a, "run_dir", None)  # Kafka: the namespace a run recorded, when not given
     return BusConfig.from_environment(a.env, kind=kind, bootstrap=a.bootstrap, log_dir=log_dir,
-                                      namespace=a.namespace)
+                                      namespace=a.namespace, run_dir=(run_dir or LATEST_RUN) if kind == "kafka" else None)
 
 
 def _tool_blobs(a: argparse.Namespace):
@@ -481,10 +547,55 @@ def cmd_subscribe(a: argparse.Namespace) -> int:
 def cmd_replay(a: argparse.Namespace) -> int:
     from logtools.replay import run_replay
 
+    if a.log_dir:  # read the run it names now, before a new run moves runs/latest
+        a.log_dir = str(Path(a.log_dir).resolve())
     bus = _tool_bus(a)
-    summary = run_replay(bus, topic=a.topic, segment=a.segment, train=a.train_dpo, beta=a.beta,
-                         epochs=a.epochs, out=a.out, blob_store=_tool_blobs(a))
+    out = dpo_run_dir(a) if a.train_dpo else a.out
+    try:
+        summary = run_replay(bus, topic=a.topic, segment=a.segment, train=a.train_dpo, beta=a.beta,
+                             epochs=a.epochs, out=out, blob_store=_tool_blobs(a))
+    except BaseException:
+        if out is not None and a.out is None and [p.name for p in out.iterdir()] == ["run.json"]:
+            import shutil
+
+            shutil.rmtree(out)  # nothing was trained: leave no empty run behind
+        raise
     print(json.dumps({"summary": summary}, indent=2))
+    if a.train_dpo:
+        if a.out is None:
+            from runtime.rundir import RunDir
+
+            RunDir(out).point_latest()
+        print(f"DPO policy: {out / 'policy.safetensors'}; evaluate it with: rlstream eval {out}", flush=True)
+    return 0
+
+
+def dpo_run_dir(a: argparse.Namespace) -> Path:
+    """The run directory of a DPO replay: ``--out``, else ``runs/<new id>`` (``runs/latest`` follows it)."""
+    from runtime.rundir import RunDir, RunDirError
+
+    run_id = a.run_id or uuid.uuid4().hex[:12]
+    rd = RunDir(a.out if a.out is not None else RUNS_ROOT / run_id)
+    try:
+        rd.claim(run_id, mode="dpo", algo="dpo", namespace=a.namespace or "")
+    except RunDirError as e:
+        _refuse(str(e))
+    return rd.path
+
+
+def cmd_lag(a: argparse.Namespace) -> int:
+    """Consumer lag per group and partition (exit 2: no such group, with the ones there)."""
+    from config import BusConfig
+    from logtools.lag import LagError, format_table, lag_report
+
+    cfg = BusConfig.from_environment(a.env, kind="kafka", bootstrap=a.bootstrap, namespace=a.namespace,
+                                     run_dir=a.run_dir or LATEST_RUN, learner_group=a.learner_group)
+    try:
+        report = lag_report(cfg, groups=a.group or (), every=a.all)
+    except LagError as e:
+        print(f"rlstream lag: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=2) if a.json else format_table(report), flush=True)
     return 0
 
 
@@ -582,7 +693,7 @@ def cmd_prune(a: argparse.Namespace) -> int:
     try:
         older_s = parse_duration_ms(a.older_than) / 1000
         entries = prune(a.runs_dir, older_s, yes=a.yes)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError) as e:  # NoRuns included: not a runs folder
         print(f"prune: {e}", file=sys.stderr)
         return 2
     verb = "removed" if a.yes else "would remove"
@@ -591,6 +702,42 @@ def cmd_prune(a: argparse.Namespace) -> int:
     total = sum(e.bytes for e in entries) / 2**20
     print(f"{verb} {len(entries)} entries older than {a.older_than}, {total:.1f} MiB"
           + ("" if a.yes else "; run again with --yes to remove them"), flush=True)
+    return 0
+
+
+def cmd_runs(a: argparse.Namespace) -> int:
+    """The runs of a folder, newest first (``runtime.rundir``): a table, or JSON lines."""
+    import time
+
+    from runtime.rundir import LATEST, RunDir, find_runs
+
+    if not a.runs_dir.is_dir():
+        print(f"runs: no directory {a.runs_dir}", file=sys.stderr)
+        return 2
+    rows = sorted((RunDir(p).overview() for p in find_runs(a.runs_dir)), key=lambda r: -r["created"])
+    latest = a.runs_dir / LATEST
+    newest = latest.resolve() if latest.is_symlink() else None
+    if a.json:
+        for r in rows:
+            print(json.dumps({**r, "latest": newest is not None and Path(r["path"]).resolve() == newest}))
+        return 0
+    if not rows:
+        print(f"no runs in {a.runs_dir}")
+        return 0
+
+    def cell(v: Any, digits: int = 1) -> str:
+        return "-" if v is None or v == "" else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
+
+    header = ("run id", "mode", "algo", "env", "steps", "return", "status", "started")
+    table = [header] + [(("* " if newest is not None and Path(r["path"]).resolve() == newest else "  ")
+                         + r["run_id"], r["mode"], cell(r["algo"]), cell(r["env"]), cell(r["steps"]),
+                         cell(r["return"]), r["status"],
+                         time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"]))) for r in rows]
+    table[0] = ("  " + header[0],) + header[1:]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    print(f"{len(rows)} run(s) in {a.runs_dir}; * is {latest}")
     return 0
 
 
@@ -605,12 +752,21 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"train": cmd_train, "actor": cmd_role, "learner": cmd_role, "subscribe": cmd_subscribe,
                 "replay": cmd_replay, "rollback": cmd_rollback, "serve": cmd_serve, "eval": cmd_eval,
                 "verify": cmd_time_travel, "fork": cmd_time_travel, "lineage": cmd_time_travel,
-                "validate": cmd_validate, "prune": cmd_prune}
-    from streams.bus.base import ReplicationError
+                "validate": cmd_validate, "prune": cmd_prune, "lag": cmd_lag, "runs": cmd_runs}
+    from streams.bus.base import BusError, ReplicationError
 
     try:
         return handlers[a.command](a)
-    except ReplicationError as e:  # a setting to fix, not a fault: say so without a traceback
+    except (BusError, ValueError) as e:  # a setting or input to fix, not a fault: one line, no traceback
+        from streams.bus.kafka import NoBrokerError, TopicNotFoundError
+
+        fix: tuple[type, ...] = (ReplicationError, NoBrokerError, TopicNotFoundError)
+        if a.command == "replay":
+            from logtools.replay import ReplayError
+
+            fix += (ReplayError,)
+        if not isinstance(e, fix):
+            raise
         print(f"rlstream {a.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -19,7 +19,6 @@ counted, after the round's update, minus the fragment's) and the stream processo
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import deque
 from pathlib import Path
@@ -32,6 +31,7 @@ from runtime.logging import bind_policy_version
 from runtime.metrics import Metrics
 from runtime.tensorboard import TensorBoardRun
 from runtime.progress import Progress, quantiles_ms
+from runtime.rundir import RunDir
 from runtime.roles import OverlapTimes, Slot, drive, drive_overlapped, write_summary
 from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW
 
@@ -177,7 +177,7 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     summary.update(progress.write(cfg.run_dir, cfg.plot, f"{cfg.algo} on {cfg.env_id} (co-located)"))
     if cfg.tensorboard:
         summary["tensorboard"] = str(Path(cfg.tensorboard) / cfg.effective_run_id())
-    (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    RunDir(cfg.run_dir).write_summary(summary)
     return summary
 
 

@@ -44,11 +44,9 @@ from runtime.progress import TIMELINE_FILE, Progress, quantiles_ms, read_state
 from runtime.roles import Slot, clear_summaries, drive, read_summaries, summary_path, write_summary
 from runtime.tensorboard import TensorBoardRun
 from config.runfile import CONFIG_FILE
+from runtime.rundir import RunDir
 from config.train import OVERLAP_COLOCATED_ONLY
 from streams.topics import SAMPLES_PREPARED, SAMPLES_RAW, STREAMS_GROUP
-
-#: File in a decoupled run's directory naming its namespace (``--resume`` reads it).
-NAMESPACE_FILE = "namespace"
 
 #: An actor's state file carries its newest policy latencies, at most this many (with their
 #: running count): the supervisor takes those of each progress window (``RunMonitor``). A window
@@ -627,8 +625,9 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
         raise ValueError(OVERLAP_COLOCATED_ONLY)
     stop = stop or threading.Event()
     env = env if env is not None else Environment.read()
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    (cfg.run_dir / NAMESPACE_FILE).write_text(cfg.bus.namespace + "\n")
+    RunDir(cfg.run_dir).claim(cfg.run_id, mode="decoupled", resume=cfg.resume, join=True, algo=cfg.algo,
+                              env_id=cfg.env_id, namespace=cfg.bus.namespace)
+    RunDir(cfg.run_dir).record_namespace(cfg.bus.namespace)
     for old in [*cfg.run_dir.glob("*.state.json"), *cfg.run_dir.glob(TIMELINE_FILE)]:
         old.unlink()  # a previous run's figures are not this run's
     clear_summaries(cfg.run_dir)
@@ -688,8 +687,37 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
         # an actor that wrote its summary has spent its budget and is on its way out
         sup.stop(finishing=tuple(n for n in actors if not stop.is_set() and summary_path(cfg.run_dir, n).exists()))
     summaries = read_summaries(cfg.run_dir, procs)
-    summary = {"mode": "decoupled", "namespace": cfg.bus.namespace, "ended": ended, "learner_exit": rc,
+    summary = {"mode": "decoupled", "run_id": cfg.run_id, "algo": cfg.algo, "env": cfg.env_id,
+               "namespace": cfg.bus.namespace, "ended": ended, "learner_exit": rc,
+               **run_learning(cfg, actors, summaries),
                "processes": summaries, "restarts": dict(sup.restarts), "restart_reasons": list(sup.reasons),
                "exit_codes": {n: p.returncode for n, p in procs.items()}}
-    (cfg.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    RunDir(cfg.run_dir).write_summary(summary)
     return summary
+
+
+def run_learning(cfg: TrainConfig, actors: list[str], summaries: dict[str, dict]) -> dict[str, Any]:
+    """The run's learning over every actor: their episodes merged in one curve (each episode placed
+    at its actor's share of the run's steps, as the actors ran side by side), its first and last
+    returns, and one plot, ``<run_dir>/returns.png``."""
+    merged: list[tuple[float, float]] = []
+    total = sum(int(summaries.get(n, {}).get("steps") or 0) for n in actors)
+    for name in actors:
+        steps = int(summaries.get(name, {}).get("steps") or 0)
+        try:
+            curve = json.loads((cfg.run_dir / name / "curve.json").read_text())
+        except (OSError, ValueError):
+            continue
+        for s, r in zip(curve.get("steps", []), curve.get("returns", [])):
+            merged.append((total * s / steps if steps else float(s), float(r)))
+    merged.sort(key=lambda p: p[0])
+    progress = Progress(total_steps=max(1, total))
+    progress.steps = total
+    for s, r in merged:
+        progress.curve.append((int(s), r))
+        progress.recent_returns.append(r)
+    learned = {k: v for k, v in progress.summary().items()
+               if k in ("steps", "episodes", "return_mean20", "first_returns_mean")}
+    learned.update(progress.write(cfg.run_dir, cfg.plot,
+                                  f"{cfg.algo} on {cfg.env_id} (decoupled, {len(actors)} actor(s))"))
+    return learned

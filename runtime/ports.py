@@ -68,6 +68,8 @@ KNOWN_COMMANDS: tuple[str, ...] = (
     "lineage",
     "validate",
     "prune",
+    "lag",
+    "runs",
 )
 
 #: The role whose port each long-running command uses.

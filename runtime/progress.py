@@ -161,10 +161,8 @@ def read_state(path: Path) -> dict[str, Any] | None:
 
 def verdict(summary: dict[str, Any]) -> str:
     """One line: mean return of the first episodes -> of the last 20, and where the plot is.
-    ``summary``: a co-located run's, or a decoupled one's (its first actor's figures)."""
-    src = summary
-    if summary.get("mode") == "decoupled":
-        src = summary.get("processes", {}).get("actor-0", {})
+    ``summary``: a co-located run's, or a decoupled one's (over all its actors)."""
+    src = summary  # a decoupled run's summary carries its actors' merged figures (decoupled.run_learning)
     first, last = src.get("first_returns_mean"), src.get("return_mean20")
     if first is None or last is None:
         learned = "no episode finished: raise --total-steps to see learning"

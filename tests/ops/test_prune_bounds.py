@@ -12,19 +12,15 @@ from runtime.prune import DEFAULT_OLDER_THAN, plan, prune
 from tests.ops.test_prune import DAY, make_run, names
 
 
-def aged(path: Path, t: float) -> Path:
-    path.write_text("x\n")
-    os.utime(path, (t, t))
-    return path
-
-
 def test_an_entry_exactly_as_old_as_the_bound_is_kept(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     runs.mkdir()
     t = 1_700_000_000  # whole seconds: the file system keeps them exactly
-    aged(runs / "edge.log", t)
-    aged(runs / "older.log", t - 1)
-    assert names(plan(runs, 30 * DAY, now=t + 30 * DAY)) == {"older.log"}
+    for name, when in (("edge", t), ("older", t - 1)):
+        run = make_run(runs, name, 0)
+        for p in [run, *run.rglob("*")]:
+            os.utime(p, (when, when))
+    assert names(plan(runs, 30 * DAY, now=t + 30 * DAY)) == {"older"}
 
 
 def test_the_default_bound_is_30_days(tmp_path: Path, capsys) -> None:

@@ -1,0 +1,271 @@
+"""A run's directory (``runs/<run-id>/``): who owns it, what its files are called, and the one
+atomic JSON write.
+
+Every run (co-located, decoupled, a DPO replay, a fork) gets its own directory with a marker,
+``run.json``: the run id, the mode, what it trains and when it started. The marker is how the
+other commands recognise a run: ``rlstream prune`` removes only directories that carry one,
+``rlstream runs`` lists them, and a role started against a directory that belongs to another
+run refuses (``RunDirError``) unless it resumes that run. ``runs/latest`` follows the newest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LATEST", "MARKER", "RunDir", "RunDirError", "RunInfo", "find_runs", "is_run", "write_json_atomic"]
+
+#: The marker file of a run directory.
+MARKER = "run.json"
+#: ``<runs>/latest``: a link to the newest run's directory.
+LATEST = "latest"
+#: Version of the marker's layout.
+MARKER_SCHEMA = 1
+
+#: The names a run writes at its top level (``*`` stands for a role: ``learner``, ``actor-0``,
+#: ``streams``...); ``is_run`` reads them for runs from before markers existed.
+RUN_FILES = (
+    MARKER, "config.json", "*.config.json", "summary.json", "*.summary.json", "*.state.json",
+    "timeline.json", "namespace", "curve.json", "*.png", "*.log", "log", "tb", "snapshots",
+    "streams-data*", "actor-*", "prometheus.targets.json", "policy.safetensors", "*.tmp",
+)
+
+
+class RunDirError(ValueError):
+    """A directory that cannot be used as this run's: another run's, or not a run at all."""
+
+
+def write_json_atomic(path: str | Path, obj: Any, *, indent: int | None = 2) -> Path:
+    """Write ``obj`` as JSON to ``path`` through a temp file of this process and a rename, so a
+    reader sees the old file or the new one, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    try:
+        tmp.write_text(json.dumps(obj, indent=indent, sort_keys=True, default=str) + "\n")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What ``run.json`` says of a run."""
+
+    run_id: str
+    mode: str
+    created: float
+    algo: str = ""
+    env_id: str = ""
+    namespace: str = ""
+    host: str = ""
+    pid: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"schema": MARKER_SCHEMA, "run_id": self.run_id, "mode": self.mode, "created": self.created,
+                "algo": self.algo, "env_id": self.env_id, "namespace": self.namespace, "host": self.host,
+                "pid": self.pid}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunInfo:
+        return cls(run_id=str(d.get("run_id", "")), mode=str(d.get("mode", "")), created=float(d.get("created", 0)),
+                   algo=str(d.get("algo", "")), env_id=str(d.get("env_id", "")),
+                   namespace=str(d.get("namespace", "")), host=str(d.get("host", "")), pid=int(d.get("pid", 0)))
+
+
+def _matches_run_file(name: str) -> bool:
+    from fnmatch import fnmatchcase
+
+    return any(fnmatchcase(name, pattern) for pattern in RUN_FILES) or name.startswith(".")
+
+
+def is_run(path: str | Path) -> bool:
+    """Whether ``path`` is a run directory (never following a link): it carries ``run.json``, or
+    it is a run from before markers: only a run's files, with a co-located run's event log
+    (``log/_topics.json``) or a decoupled run's config (``config.json`` naming a run id)."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_dir():
+        return False
+    marker = path / MARKER
+    if marker.is_file() and not marker.is_symlink():
+        return _read_json(marker) is not None
+    try:
+        names = [p.name for p in path.iterdir()]
+    except OSError:
+        return False
+    if not all(_matches_run_file(n) for n in names):
+        return False
+    if (path / "log" / "_topics.json").is_file():  # a co-located run's event log
+        return True
+    config = _read_json(path / "config.json") if "config.json" in names else None  # a decoupled run's config
+    return bool(config) and isinstance(config.get("config"), dict) and "run_id" in config["config"]
+
+
+def find_runs(runs_dir: str | Path) -> list[Path]:
+    """The run directories directly under ``runs_dir`` (links, ``latest`` included, are skipped)."""
+    runs_dir = Path(runs_dir)
+    return sorted(p for p in runs_dir.iterdir() if not p.is_symlink() and is_run(p))
+
+
+class RunDir:
+    """One run's directory: its marker, its files' names, and writes through ``write_json_atomic``."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    # --- files -------------------------------------------------------------------------------
+    @property
+    def marker(self) -> Path:
+        return self.path / MARKER
+
+    def summary_file(self, role: str | None = None) -> Path:
+        """``summary.json`` (the run's) or ``<role>.summary.json``."""
+        return self.path / ("summary.json" if role is None else f"{role}.summary.json")
+
+    def state_file(self, role: str) -> Path:
+        return self.path / f"{role}.state.json"
+
+    def config_file(self, role: str | None = None) -> Path:
+        """``config.json`` (what every child of a decoupled run reads) or ``<role>.config.json``."""
+        return self.path / ("config.json" if role is None else f"{role}.config.json")
+
+    @property
+    def namespace_file(self) -> Path:
+        return self.path / "namespace"
+
+    @property
+    def timeline_file(self) -> Path:
+        return self.path / "timeline.json"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.path / "log"
+
+    def write_json(self, path: Path, obj: Any) -> Path:
+        return write_json_atomic(path, obj)
+
+    def write_summary(self, summary: dict[str, Any], role: str | None = None) -> Path:
+        return write_json_atomic(self.summary_file(role), summary)
+
+    def read_json(self, path: Path) -> dict[str, Any] | None:
+        return _read_json(path)
+
+    # --- ownership ---------------------------------------------------------------------------
+    def info(self) -> RunInfo | None:
+        """The marker's contents (None: no marker)."""
+        doc = _read_json(self.marker) if self.marker.is_file() else None
+        return RunInfo.from_dict(doc) if doc else None
+
+    def recorded_namespace(self) -> str | None:
+        """The namespace the run recorded (its marker, else its ``namespace`` file)."""
+        info = self.info()
+        if info is not None and info.namespace:
+            return info.namespace
+        if self.namespace_file.is_file():
+            return self.namespace_file.read_text().strip() or None
+        return None
+
+    def claim(self, run_id: str, *, mode: str, resume: bool = False, join: bool = False, algo: str = "",
+              env_id: str = "", namespace: str = "") -> str:
+        """Make this directory run ``run_id``'s, and return the run id to use.
+
+        A new (or empty) directory gets a marker. ``join`` (a role of a run started elsewhere)
+        accepts a directory already marked as ``run_id``'s. ``resume`` continues the run a
+        directory holds, under its recorded id. Anything else that holds a run is refused, and so
+        is a directory that is not a run and not empty: a run never writes among other files."""
+        info = self.info()
+        if info is not None:
+            if resume or (join and info.run_id == run_id):
+                return info.run_id
+            raise RunDirError(
+                f"{self.path} belongs to run {info.run_id!r} ({info.mode}, started "
+                f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(info.created))}); pass --resume to continue "
+                f"that run, or choose another --run-dir / --run-id")
+        if self.path.is_symlink() and not resume:
+            raise RunDirError(f"{self.path} is a link; give the run directory itself")
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirError(f"{self.path} is a file, not a run directory")
+        entries = sorted(p.name for p in self.path.iterdir()) if self.path.is_dir() else []
+        if entries:
+            if not is_run(self.path):
+                shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+                raise RunDirError(f"{self.path} is not empty and is not a run directory (it holds {shown}); "
+                                  "choose a new or empty --run-dir")
+            if not resume:
+                raise RunDirError(f"{self.path} holds an earlier run; pass --resume to continue it, "
+                                  "or choose another --run-dir")
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.marker, RunInfo(run_id=run_id, mode=mode, created=time.time(), algo=algo,
+                                               env_id=env_id, namespace=namespace, host=socket.gethostname(),
+                                               pid=os.getpid()).as_dict())
+        return run_id
+
+    def record_namespace(self, namespace: str) -> None:
+        """Note the run's namespace in the marker (and the ``namespace`` file older readers use)."""
+        info = self.info()
+        if info is not None and info.namespace != namespace:
+            write_json_atomic(self.marker, {**info.as_dict(), "namespace": namespace})
+        self.namespace_file.write_text(namespace + "\n")
+
+    def point_latest(self) -> None:
+        """Make ``<parent>/latest`` a relative link to this directory (atomically)."""
+        latest = self.path.parent / LATEST
+        if latest.exists() and not latest.is_symlink():
+            return  # a real directory called "latest" is a user's: never replace it
+        if latest.resolve() == self.path.resolve():
+            return
+        tmp = self.path.parent / f".latest-{os.getpid()}-{time.monotonic_ns()}"
+        tmp.symlink_to(self.path.name)
+        tmp.replace(latest)
+
+    # --- what ``rlstream runs`` shows ----------------------------------------------------------
+    def status(self) -> str:
+        """``finished`` (a summary), ``running`` (its starting process lives on this host) or
+        ``stopped`` (neither)."""
+        if self.summary_file().is_file():
+            return "finished"
+        info = self.info()
+        if info is not None and info.host == socket.gethostname() and info.pid > 0:
+            try:
+                os.kill(info.pid, 0)
+                return "running"
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                return "running"
+        return "stopped"
+
+    def overview(self) -> dict[str, Any]:
+        """One row of ``rlstream runs``: id, mode, algo, env, steps, return, status."""
+        info = self.info()
+        summary = src = _read_json(self.summary_file()) or {}
+        created = info.created if info is not None else self.path.stat().st_mtime
+        return {
+            "run_id": info.run_id if info is not None else self.path.name,
+            "mode": (info.mode if info is not None else summary.get("mode")) or "?",
+            "algo": (info.algo if info is not None and info.algo else summary.get("algo")) or "",
+            "env": (info.env_id if info is not None and info.env_id else summary.get("env")) or "",
+            "namespace": info.namespace if info is not None else "",
+            "steps": src.get("steps"),
+            "return": src.get("return_mean20"),
+            "status": self.status(),
+            "created": created,
+            "path": str(self.path),
+        }
