@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from config.env import ENV_LEARNER_GROUP, ENV_MIN_INSYNC_REPLICAS, ENV_REPLICATION_FACTOR, ENV_RETENTION, Environment
 from config.limits import DEFAULT_BOOTSTRAP
@@ -14,6 +15,21 @@ DAY_MS = 24 * 3600 * 1000
 #: ``RLSTREAM_LEARNER_GROUP`` names another (the deployment guide's ``rl-trainers``).
 DEFAULT_LEARNER_GROUP = "learner"
 _GROUP_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
+
+#: The file in a decoupled run's directory that names the run's namespace (``rlstream.decoupled``).
+NAMESPACE_FILE = "namespace"
+#: The run a tool reads its namespace from when it is named neither by flag nor environment.
+LATEST_RUN = Path("runs") / "latest"
+
+
+def run_namespace(run_dir: str | Path | None) -> str | None:
+    """The namespace ``run_dir`` records in its ``namespace`` file; None without one."""
+    if run_dir is None:
+        return None
+    try:
+        return (Path(run_dir) / NAMESPACE_FILE).read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
 
 
 def check_group(name: str) -> str:
@@ -133,10 +149,11 @@ class BusConfig:
     @classmethod
     def from_environment(cls, env: Environment, kind: str | None = None, bootstrap: str | None = None,
                          log_dir: str | None = None, namespace: str | None = None,
-                         learner_group: str | None = None) -> "BusConfig":
+                         learner_group: str | None = None, run_dir: str | Path | None = None) -> "BusConfig":
         """Flags win over the environment (RLSTREAM_BUS, KAFKA_BROKERS, RLSTREAM_NAMESPACE,
         RLSTREAM_RETENTION, RLSTREAM_LEARNER_GROUP, RLSTREAM_REPLICATION_FACTOR,
-        RLSTREAM_MIN_INSYNC_REPLICAS, RLSTREAM_KAFKA_*)."""
+        RLSTREAM_MIN_INSYNC_REPLICAS, RLSTREAM_KAFKA_*). The namespace: ``namespace``, else
+        RLSTREAM_NAMESPACE, else the one ``run_dir`` records (a tool reading a run), else legacy."""
         try:
             retention = parse_retention(env.retention)
         except ValueError as e:
@@ -155,7 +172,8 @@ class BusConfig:
             bootstrap=bootstrap or env.kafka_brokers or DEFAULT_BOOTSTRAP,
             log_dir=log_dir,
             retention=retention,
-            namespace=((env.namespace or "") if namespace is None else namespace).strip(),
+            namespace=(namespace if namespace is not None else env.namespace if env.namespace is not None
+                       else run_namespace(run_dir) or "").strip(),
             learner_group=group,
             replication=replication,
             security=env.kafka_security(),

@@ -32,6 +32,12 @@ skipped, never silently. The weights are decoded only when ``update.policy`` (or
 ``update.load()``) is first used, so following versions without loading them is cheap.
 
 ``follow`` is the JSON-lines generator behind ``rlstream subscribe policies|steps|deadletters``.
+
+From a notebook or script, ``PolicyFeed.from_environment(from_version=10)`` finds Kafka as the
+command line does: ``KAFKA_BROKERS``, and the namespace from ``RLSTREAM_NAMESPACE`` or the run
+directory (``runs/latest`` unless ``run_dir=`` names another). With no broker there it raises
+``NoBrokerError`` naming the address; when the namespace has no such topic,
+``TopicNotFoundError`` naming the namespaces the broker has.
 """
 
 from __future__ import annotations
@@ -39,9 +45,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from config import BusConfig
+from config.bus import LATEST_RUN
+from config.env import Environment
 from schemas.errors import CodecError
 from schemas.events import DeadLetter, GradientStep, PolicyVersion
 from schemas.weights import sha256
@@ -66,11 +75,14 @@ FOLLOWABLE = ("policies", "steps", "deadletters")
 
 # -- plumbing shared by subscribe, serve, rollback and replay ---------------------------------
 
-def open_events(source: BusConfig | Bus | EventBus, metrics: Any = None) -> tuple[EventBus, Bus | None]:
+def open_events(source: BusConfig | Bus | EventBus, metrics: Any = None,
+                need: tuple[str, ...] = ()) -> tuple[EventBus, Bus | None]:
     """``(events, owned_bus)`` for a BusConfig (a new bus, ``streams.bus.open_bus``; the
     caller closes ``owned_bus``), a Bus, or an EventBus (used as is; ``owned_bus`` is None).
 
     A memory BusConfig gives a new, empty in-process bus: in-process callers pass their Bus.
+    ``need``: logical topics a Kafka BusConfig's namespace must already have (a tool reading a
+    run): ``TopicNotFoundError``, naming the namespaces the broker has, when one is missing.
     """
     if isinstance(source, EventBus):
         return source, None
@@ -80,9 +92,27 @@ def open_events(source: BusConfig | Bus | EventBus, metrics: Any = None) -> tupl
     if isinstance(source, Bus):
         return event_bus(source, metrics), None
     if isinstance(source, BusConfig):
-        bus = open_bus(source)
+        bus = _open_reading(source, need) if need and source.kind == "kafka" else open_bus(source)
         return event_bus(bus, metrics), bus
     raise TypeError(f"expected a BusConfig, Bus or EventBus, not {type(source).__name__}")
+
+
+def _open_reading(cfg: BusConfig, need: tuple[str, ...]) -> Bus:
+    """``open_bus(cfg)``, once the topics of ``need`` are found in ``cfg.namespace`` (so a tool
+    pointed at the wrong namespace says so instead of creating empty topics and waiting)."""
+    from streams.bus import in_namespace, kafka_bus
+    from streams.topics import Namespace, all_topics
+
+    ns = Namespace(cfg.namespace)
+    raw = kafka_bus(cfg)
+    try:
+        raw.require_topics([ns.topic(t) for t in need], ns.name)
+        bus = in_namespace(raw, ns.name)
+        bus.create_topics(all_topics(cfg.partitions, cfg.retention))
+    except BaseException:
+        raw.close()
+        raise
+    return bus
 
 
 def _decode(events: EventBus, rec: Record, expect: type | tuple[type, ...]) -> Any:
@@ -167,7 +197,7 @@ class PolicyFeed:
         pinned = version is not None or at_ms is not None
         if pinned and (group is not None or from_version is not None):
             raise ValueError("a pinned feed (version/at_ms) takes neither group nor from_version")
-        self.events, self._owned = open_events(source)
+        self.events, self._owned = open_events(source, need=(topic,))
         self.policy_id = policy_id
         self.from_version = from_version
         self.group = group
@@ -189,6 +219,17 @@ class PolicyFeed:
         except BaseException:
             self._close_bus()
             raise
+
+    @classmethod
+    def from_environment(cls, env: Environment | None = None, *, run_dir: str | Path | None = LATEST_RUN,
+                         namespace: str | None = None, bootstrap: str | None = None, **kwargs: Any) -> "PolicyFeed":
+        """A feed on Kafka as ``rlstream subscribe`` finds it: ``bootstrap``, else ``KAFKA_BROKERS``;
+        ``namespace``, else ``RLSTREAM_NAMESPACE``, else the one ``run_dir`` records (its
+        ``namespace`` file). ``env``: the environment (None: this process's, read now);
+        ``kwargs`` as the constructor's (``policy_id``, ``from_version``...)."""
+        cfg = BusConfig.from_environment(env if env is not None else Environment.read(), kind="kafka",
+                                         bootstrap=bootstrap, namespace=namespace, run_dir=run_dir)
+        return cls(cfg, **kwargs)
 
     @property
     def consumer(self) -> Consumer | None:
@@ -346,11 +387,12 @@ def follow(bus_config: BusConfig | Bus | EventBus, what: str, from_version: int 
         raise ValueError(f"cannot follow {what!r}: choose from {', '.join(FOLLOWABLE)}")
     if what == "deadletters" and from_version is not None:
         raise ValueError("--from-version applies to policies and steps, not deadletters")
-    events, owned = open_events(bus_config)
+    name = topic or {"policies": POLICY_VERSIONS, "steps": LEARNER_STEPS, "deadletters": DEADLETTER}[what]
+    events, owned = open_events(bus_config, need=(name,))
     try:
         if what == "policies":
             feed = PolicyFeed(events, policy_id=policy_id, from_version=from_version,
-                              topic=topic or POLICY_VERSIONS, dead_letter=False, stage="subscribe")
+                              topic=name, dead_letter=False, stage="subscribe")
 
             def poll(t: float) -> list[tuple[Record, dict]]:
                 return [(r, x.describe() if isinstance(x, PolicyUpdate) else _describe_error(r, x))
@@ -358,7 +400,6 @@ def follow(bus_config: BusConfig | Bus | EventBus, what: str, from_version: int 
 
             closer = feed.close
         else:
-            name = topic or (LEARNER_STEPS if what == "steps" else DEADLETTER)
             cls, describe = (GradientStep, _describe_step) if what == "steps" else (DeadLetter, _describe_dead_letter)
             if what == "steps" and from_version is None:
                 start: Any = tail_offsets(events.bus, name, _decodes_as(events, GradientStep))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from config.bus import DAY_MS, DEFAULT_LEARNER_GROUP, Retention
@@ -150,3 +151,22 @@ class Namespace:
 
 
 LEGACY = Namespace("")
+
+
+def namespaces_in(topics: Iterable[str]) -> list[str]:
+    """The run namespaces that own rlstream topics among ``topics`` (a broker's topic names),
+    sorted; "" stands for the legacy unscoped names (``rl.samples.raw``)."""
+    found: set[str] = set()
+    for name in topics:
+        for base in TOPICS:
+            if name == base:
+                found.add("")
+            elif name.endswith("." + base) and _NAMESPACE_RE.fullmatch(name[: -len(base) - 1]):
+                found.add(name[: -len(base) - 1])
+    return sorted(found)
+
+
+def describe_namespaces(namespaces: Iterable[str]) -> str:
+    """``"exp1, run-7, (legacy, unscoped)"`` for messages; "none" when there are none."""
+    names = [n or "(legacy, unscoped)" for n in namespaces]
+    return ", ".join(names) if names else "none"

@@ -48,6 +48,11 @@ How the memory semantics (``streams.bus.base``) map onto Kafka:
   ``BusAuthenticationError``, naming the settings in use, instead of a bare timeout
   (librdkafka only logs the refusal and retries); ``create_topics``, the first call of every
   role (``rlstream.wiring.build_bus``), fails that way within about ``AUTH_GRACE_S``.
+- no broker at all: the first call that needs the cluster first tries a TCP connection to the
+  bootstrap addresses for ``BROKER_WAIT_S`` and raises ``NoBrokerError`` ("no Kafka broker at
+  X; start one with rlstream broker start") if none accepts one; the librdkafka clients are
+  made only after that, so nothing is logged before it. Once a broker was reached, an outage
+  is retried as above.
 - ``group=None`` readers take every partition with ``assign`` (no group join, no commit), under
   a unique throw-away ``group.id``.
 - explicit and ``seek`` offsets are clamped into [low, high] watermark, as memory clamps.
@@ -61,6 +66,7 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 import threading
 import time
 import uuid
@@ -93,7 +99,7 @@ from streams.bus.base import (
     normalise_start,
 )
 from streams.offsets import next_offsets
-from streams.topics import TOPICS, TopicSpec
+from streams.topics import TOPICS, Namespace, TopicSpec, describe_namespaces, namespaces_in
 
 log = logging.getLogger(__name__)
 _rdlog = logging.getLogger("rlstream.librdkafka")  # librdkafka's own log lines, not stderr
@@ -301,6 +307,65 @@ def retrying(what: str, call: Any, timeout: float = _TIMEOUT, on_retry: Any = No
         pause = min(pause * 2, 0.5)
 
 
+#: How long a bus's first call waits for any bootstrap address to accept a TCP connection before
+#: ``NoBrokerError``: a broker that is (re)starting is waited for, a missing one said within seconds.
+BROKER_WAIT_S = 5.0
+#: What to do about a missing broker, for ``NoBrokerError``.
+START_BROKER = "rlstream broker start"
+
+
+class NoBrokerError(BusError):
+    """Nothing accepts a connection at any of the bootstrap addresses: no broker to retry."""
+
+    def __init__(self, bootstrap: str, why: str = "") -> None:
+        super().__init__(f"no Kafka broker at {bootstrap}; start one with {START_BROKER}")
+        self.bootstrap, self.why = bootstrap, why
+
+
+class TopicNotFoundError(BusError):
+    """A tool's topic is not on the broker in the namespace it reads; names the namespaces there."""
+
+    def __init__(self, topics: list[str], bootstrap: str, namespace: str, namespaces: list[str]) -> None:
+        where = f"namespace {namespace!r}" if namespace else "no namespace: the legacy unscoped names"
+        there = (f"namespaces with rlstream topics there: {describe_namespaces(namespaces)}; choose one with "
+                 "--namespace NS (or RLSTREAM_NAMESPACE), or name the run with --run-dir RUN"
+                 if namespaces else "the broker holds no rlstream topics: has a run been started on it?")
+        super().__init__(f"no topic {', '.join(topics)} on the Kafka broker at {bootstrap} ({where}); {there}")
+        self.topics, self.namespace, self.namespaces = topics, namespace, namespaces
+
+
+def bootstrap_addresses(bootstrap: str) -> list[tuple[str, int]]:
+    """``"h1:9092,PLAINTEXT://h2:9094,[::1]:9096"`` -> [(host, port)]; a missing port is 9092."""
+    out = []
+    for item in filter(None, (x.strip() for x in bootstrap.split(","))):
+        item = item.split("://", 1)[-1]
+        host, sep, port = item.rpartition(":")
+        if not sep or not port.isdigit() or host.endswith(":"):  # no port (or a bare IPv6 address)
+            host, port = item, "9092"
+        out.append((host.strip("[]"), int(port)))
+    return out
+
+
+def broker_unreachable(bootstrap: str, wait_s: float = BROKER_WAIT_S) -> str | None:
+    """None as soon as one bootstrap address accepts a TCP connection, else (after ``wait_s``)
+    why none did."""
+    addresses = bootstrap_addresses(bootstrap)
+    if not addresses:
+        return "no bootstrap address"
+    deadline = time.monotonic() + wait_s
+    while True:
+        why = ""
+        for host, port in addresses:
+            try:
+                with socket.create_connection((host, port), timeout=min(1.0, max(0.1, wait_s))):
+                    return None
+            except OSError as e:
+                why = f"{host}:{port}: {e.strerror or e}"
+        if time.monotonic() >= deadline:
+            return why
+        time.sleep(0.25)
+
+
 class FewerPartitionsError(BusError):
     """A topic exists with fewer partitions than asked (``--partitions``). Kafka cannot shrink
     a topic, and adding partitions moves keys (actor ids) to other partitions, so per-actor order
@@ -354,9 +419,13 @@ class KafkaBus(Bus):
         pconf["on_delivery"] = self._on_delivery
         pconf["error_cb"] = self._on_error
         self.max_message_bytes = int(pconf["message.max.bytes"])
-        self._producer = _RdProducer(pconf)
+        self._pconf = pconf
         self.admin_config = dict(self.common)
-        self._admin = AdminClient({**self.admin_config, "error_cb": self._on_client_error})
+        # The librdkafka clients are made on first use, once a broker answers (``_reach``).
+        self._producer_client: _RdProducer | None = None
+        self._admin_client: AdminClient | None = None
+        self._reached = False
+        self._clients_lock = threading.Lock()
         self._lock = threading.Lock()
         self._failed: list[tuple[str, KafkaError]] = []  # delivery failures not yet raised
         self._unraised = 0  # how many: _failed keeps the first _KEEP_ERRORS
@@ -369,6 +438,35 @@ class KafkaBus(Bus):
         self._group_readers: dict[str, _RdConsumer] = {}  # group -> committed-offset reader (group_lag)
         self._produced = 0  # records produced since the last flush that delivered them all
         self._closed = False
+
+    # -- clients, made once a broker accepts a connection ----------------------------------
+    def _reach(self) -> None:
+        """Raise ``NoBrokerError`` unless some bootstrap address accepts a TCP connection within
+        ``BROKER_WAIT_S``; checked once per bus, before its first client is made."""
+        if self._reached:
+            return
+        why = broker_unreachable(self.bootstrap)
+        if why is not None:
+            raise NoBrokerError(self.bootstrap, why)
+        self._reached = True
+
+    @property
+    def _producer(self) -> _RdProducer:
+        if self._producer_client is None:
+            with self._clients_lock:
+                if self._producer_client is None:
+                    self._reach()
+                    self._producer_client = _RdProducer(self._pconf)
+        return self._producer_client
+
+    @property
+    def _admin(self) -> AdminClient:
+        if self._admin_client is None:
+            with self._clients_lock:
+                if self._admin_client is None:
+                    self._reach()
+                    self._admin_client = AdminClient({**self.admin_config, "error_cb": self._on_client_error})
+        return self._admin_client
 
     # -- callbacks (run inside producer.poll/flush) ----------------------------------------
     def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
@@ -411,7 +509,8 @@ class KafkaBus(Bus):
         """Raise ``BusAuthenticationError`` if the broker has refused our credentials for
         ``AUTH_GRACE_S`` with nothing succeeding since (the message names the settings in use,
         never the password)."""
-        self._admin.poll(0)  # serve the admin client's error callbacks
+        if self._admin_client is not None:
+            self._admin_client.poll(0)  # serve the admin client's error callbacks
         err = self._auth_error
         if err is None or time.monotonic() - self._auth_since < AUTH_GRACE_S:
             return
@@ -612,8 +711,68 @@ class KafkaBus(Bus):
     def partitions(self, topic: str) -> int:
         return self._partitions(topic)
 
+    # -- what the cluster holds (the tools: ``rlstream lag``, the namespace checks) --------------
+    def topic_names(self, timeout: float = _TIMEOUT) -> set[str]:
+        """Every topic on the cluster."""
+        md = retrying(f"cannot list the topics at {self.bootstrap}", lambda t: self._admin.list_topics(timeout=t),
+                      timeout, on_retry=self.check_auth, attempt=_ATTEMPT_S)
+        return {name for name, t in md.topics.items() if t.error is None}
+
+    def require_topics(self, names: Iterable[str], namespace: str = "") -> None:
+        """Raise ``TopicNotFoundError`` (naming the namespaces the cluster has) unless every topic
+        of ``names`` (full names, in ``namespace``) exists; creates nothing."""
+        have = self.topic_names()
+        missing = [n for n in names if n not in have]
+        if missing:
+            raise TopicNotFoundError(missing, self.bootstrap, namespace, namespaces_in(have))
+
+    def _admin_call(self, what: str, request: Any, timeout: float = _TIMEOUT) -> Any:
+        """The result of the admin future ``request(seconds)`` returns, retried as ``retrying`` does.
+        Admin group requests are for tools run while a broker answers (``group_positions``, which
+        the roles use during outages, avoids them: confluentinc/librdkafka#4605)."""
+        return retrying(what, lambda t: self._wait(request(t), t + 5), timeout, on_retry=self.check_auth,
+                        attempt=_ATTEMPT_S)
+
+    def consumer_groups(self) -> dict[str, str]:
+        """Group id -> state (``stable``, ``empty``...) of every consumer group on the cluster."""
+        def request(t: float) -> Any:
+            return self._admin.list_consumer_groups(request_timeout=t)
+
+        res = self._admin_call(f"cannot list the consumer groups at {self.bootstrap}", request)
+        if res.errors:
+            raise BusError(f"cannot list every consumer group at {self.bootstrap}: {res.errors[0]}")
+        return {g.group_id: g.state.name.lower() for g in res.valid}
+
+    def describe_group(self, group: str) -> tuple[str, dict[TP, dict[str, str]]]:
+        """``(state, {(topic, partition): {consumer_id, host, client_id}})``: the partitions the
+        group's members are assigned now, and who has each."""
+        desc = self._admin_call(f"cannot describe consumer group {group}",
+                                lambda t: self._admin.describe_consumer_groups([group], request_timeout=t)[group])
+        owners: dict[TP, dict[str, str]] = {}
+        for m in desc.members:
+            for tp in (m.assignment.topic_partitions if m.assignment is not None else []):
+                owners[(tp.topic, tp.partition)] = {"consumer_id": m.member_id, "host": m.host,
+                                                    "client_id": m.client_id}
+        return desc.state.name.lower(), owners
+
+    def group_offsets(self, group: str) -> dict[TP, int]:
+        """``(topic, partition) -> offset`` committed by ``group``, on every topic it committed on."""
+        from confluent_kafka import ConsumerGroupTopicPartitions
+
+        res = self._admin_call(
+            f"cannot read committed offsets of group {group}",
+            lambda t: self._admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)],
+                                                              request_timeout=t)[group])
+        return {(tp.topic, tp.partition): tp.offset for tp in res.topic_partitions or []
+                if tp.error is None and tp.offset >= 0}
+
+    def log_end(self, topic: str, partition: int) -> int:
+        """The partition's high watermark: the offset the next record will get."""
+        return self._watermarks(topic, partition)[1]
+
     def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         if self._meta is None:
+            self._reach()
             with self._lock:
                 if self._meta is None:
                     self._meta = _RdConsumer({**self.consumer_config, "group.id": f"rlstream-meta-{uuid.uuid4().hex}"})
@@ -654,6 +813,7 @@ class KafkaBus(Bus):
         requests that time out while the broker is down abort the process in librdkafka
         (confluentinc/librdkafka#4605), and the lag is read while the broker may be down."""
         parts = range(self._partitions(topic))
+        self._reach()
         with self._lock:
             reader = self._group_readers.get(group)
             if reader is None:
@@ -705,6 +865,8 @@ class KafkaBus(Bus):
         self._producer.poll(0)
 
     def flush(self, timeout: float = 30.0) -> None:
+        if self._producer_client is None:
+            return  # nothing was ever produced
         queued = len(self._producer)  # records, and events such as error callbacks
         produced = self._produced
         left = self._producer.flush(timeout)
