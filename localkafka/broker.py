@@ -18,10 +18,12 @@ Command line (``localkafka.cli``)::
     rlstream broker stop    [--port 9092] [--data-dir D] [--nodes N] [--timeout 30]
     rlstream broker status  [--port 9092] [--data-dir D] [--nodes N]
 
+One node keeps its data in ``--data-dir``, default ``<cache>/kafka-<ver>/data-<port>``.
 ``--nodes 3`` starts a local 3-node cluster (``localkafka.cluster.LocalCluster``): node i on
-ports ``port + 2i`` (broker) and ``port + 2i + 1`` (controller), data under
-``<cache>/kafka-<ver>/cluster-<port>``; it prints the bootstrap list. ``status`` and ``stop``
-find that cluster without ``--nodes``.
+ports ``port + 2i`` (broker) and ``port + 2i + 1`` (controller), data under ``--data-dir``,
+default ``<cache>/kafka-<ver>/cluster-<port>``; it prints the bootstrap list. ``start`` records
+the data dir of its port, so ``status`` and ``stop`` with the same ``--port`` find the broker or
+cluster without ``--data-dir`` or ``--nodes``.
 
 Python API (used by tests)::
 
@@ -804,8 +806,12 @@ class LocalKafka:
         return probe(self.host, self.port, timeout)["ready"]
 
     def status(self) -> dict:
+        """``running``: this data dir's broker process is alive; ``ready``: it is, and answers as
+        Kafka on its port; ``answering``: some Kafka answers on the port (with a ``note`` when it
+        is not this data dir's)."""
         pid = self.pid
-        return {
+        answering = self.is_ready()
+        out = {
             "running": pid is not None,
             "pid": pid,
             "node_id": self.node_id,
@@ -814,8 +820,13 @@ class LocalKafka:
             "version": self.version,
             "data_dir": str(self.data_dir),
             "bootstrap": self.bootstrap,
-            "ready": self.is_ready(),
+            "ready": pid is not None and answering,
+            "answering": answering,
         }
+        if answering and pid is None:
+            out["note"] = (f"a Kafka broker answers on {self.bootstrap}, but none runs from {self.data_dir}: "
+                           "give status and stop the --data-dir it was started with")
+        return out
 
     def log_tail(self, lines: int = 60) -> str:
         path = self.stdout_log if self.stdout_log.exists() else self.server_log

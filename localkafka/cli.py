@@ -1,6 +1,11 @@
 """The command line of the local Kafka manager: ``rlstream broker`` and ``python3 -m
 localkafka.broker`` (fetch, start, stop, status of one node or, with ``--nodes N``, a local
-cluster; see ``localkafka.broker`` and ``localkafka.cluster``). Standard library only."""
+cluster; see ``localkafka.broker`` and ``localkafka.cluster``). Standard library only.
+
+Where the data goes: ``--data-dir``, else ``<cache>/kafka-<ver>/data-<port>`` for one node and
+``<cache>/kafka-<ver>/cluster-<port>`` for ``--nodes N``. ``start`` records the data dir it used
+for its port (``<cache>/brokers/<port>.json``), so ``status`` and ``stop`` with the same
+``--port`` (or none: 9092) find that broker or cluster without ``--data-dir``."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from localkafka import broker
 from localkafka import cluster as lc
 from localkafka.broker import (
     DEFAULT_PORT,
@@ -41,12 +47,14 @@ def _build_parser() -> argparse.ArgumentParser:
             p.add_argument("--controller-port", type=int, default=None,
                            help="KRaft controller port (default port+1)")
             p.add_argument("--data-dir", default=None,
-                           help="data dir (default <cache>/kafka-<ver>/data-<port>)")
+                           help="data dir (default <cache>/kafka-<ver>/data-<port> for one node, "
+                                "<cache>/kafka-<ver>/cluster-<port> with --nodes N); status and stop "
+                                "find the one `start --port PORT` used without it")
             p.add_argument("--host", default=HOST,
                            help=f"address to listen on and advertise (default {HOST})")
             p.add_argument("--nodes", type=int, default=None,
-                           help="nodes of a local KRaft cluster (default 1; status/stop find a "
-                                "cluster started with --nodes by themselves)")
+                           help="nodes of a local KRaft cluster (default 1; status and stop find a "
+                                "cluster started with --nodes without it)")
 
     p = sub.add_parser("fetch", help="download the Kafka jars with mvn (idempotent)")
     common(p, with_port=False)
@@ -75,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"version": version, "lib": str(lib), "jars": len(info["jars"]),
                               "bytes": info["bytes"]}))
             return 0
+        if args.command in ("status", "stop") and args.data_dir is None:
+            known = recall(args.port)  # the data dir `start --port` used
+            if known is not None:
+                args.data_dir = known["data_dir"]
+                version = args.version or known.get("version") or version
         cluster = _cluster_of(args, version)
         if cluster is not None:
             return _cluster_command(args, cluster)
@@ -95,13 +108,16 @@ def main(argv: list[str] | None = None) -> int:
                 kafka.wipe()
             if kafka.is_running():
                 kafka.wait_ready(args.timeout)
+                remember(kafka.port, kafka.data_dir, version, 1)
                 print(f"rlstream broker: already running on {kafka.bootstrap} "
                       f"(pid {kafka.pid})", file=sys.stderr)
                 return 0
             try:
                 if args.foreground:
+                    remember(kafka.port, kafka.data_dir, version, 1)
                     return kafka.run_foreground()
                 kafka.start(timeout=args.timeout)
+                remember(kafka.port, kafka.data_dir, version, 1)
             except PortBusyError as exc:
                 if exc.is_kafka:
                     print(f"rlstream broker: {exc}; using it as is", file=sys.stderr)
@@ -150,8 +166,28 @@ def _cluster_command(args: argparse.Namespace, cluster) -> int:
     if args.foreground:
         raise BrokerError("--foreground runs one node; start a cluster without it")
     cluster.start(timeout=args.timeout)
+    remember(cluster.ports[0][0], cluster.data_dir, cluster.version, len(cluster.nodes))
     print(cluster.bootstrap)
     return 0
+
+
+def _record(port: int) -> Path:
+    return broker.cache_root() / "brokers" / f"{port}.json"
+
+
+def remember(port: int, data_dir: Path, version: str, nodes: int) -> None:
+    """Record the data dir a ``start`` on ``port`` used (``recall``)."""
+    broker._atomic_write(_record(port), json.dumps({"port": port, "data_dir": str(data_dir), "version": version,
+                                                    "nodes": nodes}, indent=1) + "\n")
+
+
+def recall(port: int) -> dict | None:
+    """What the last ``start`` on ``port`` recorded, while its data dir exists; else None."""
+    try:
+        known = json.loads(_record(port).read_text())
+    except (OSError, ValueError):
+        return None
+    return known if Path(known.get("data_dir", "")).is_dir() else None
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ The internal topics and the topic defaults follow the node count (``broker.clust
 client (``describe_topics``); which node is the active controller from Kafka's own
 ``kafka-metadata-quorum describe --status`` (a KRaft broker's metadata names a random broker as
 "controller", so ``describe_cluster`` cannot say). ``rlstream broker start --nodes 3`` starts one
-from the command line (``localkafka.cli``); its ``cluster.json`` in the data dir lets
-``status``/``stop`` find it again.
+from the command line (``localkafka.cli``); its ``cluster.json`` in the data dir (default
+``<cache>/kafka-<ver>/cluster-<port>``) lets ``status``/``stop`` find it again, and the data dir
+``start`` recorded for its port lets them find it from ``--port`` alone.
 
 Standard library only for starting and stopping (like ``localkafka.broker``); the questions about
 leaders and sync import confluent-kafka when asked.
