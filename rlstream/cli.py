@@ -81,6 +81,8 @@ def _add_training(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wrappers", default="", metavar="A,B",
                    help="per-env gymnasium wrappers: normalize_obs, normalize_reward, clip_reward, flatten_obs")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="algorithm config override")
+    p.add_argument("--importance-sampling", action="store_true",
+                   help="the deployment guide's spelling of --importance (V-trace weights in the stream processors)")
     p.add_argument("--run-dir", type=Path, default=None,
                    help="default: runs/<run-id> (runs/latest links to it); with --resume: runs/latest")
     p.add_argument("--tensorboard", nargs="?", const="", default="", metavar="DIR",
@@ -112,14 +114,25 @@ def parse_training(a: argparse.Namespace, argv: list[str]) -> None:
             except SystemExit:
                 pass
         raise SystemExit(0)
-    try:
-        a.train, rest = tyro.cli(TrainConfig, args=argv, prog=prog, return_unknown_args=True)
+    from config.train import TrainFlags
+    from rlstream import guide
+
+    typed = getattr(a, "given_argv", [a.command, *argv])
+    if getattr(a, "importance_sampling", False):  # the deployment guide's spelling
+        argv = [*argv, "--importance"]
+    if a.command == "train":  # --strategy: the mode, and its family's algorithm unless --algo says
+        a.mode, argv = guide.apply_strategy(getattr(a, "strategy", None), getattr(a, "mode", None), argv, typed)
+    flags, rest = tyro.cli(TrainFlags, args=argv, prog=prog, return_unknown_args=True)
+    try:  # checked here, not inside tyro: a value the config refuses is one line (exit 2 in main)
+        a.train = TrainConfig.from_flags(flags)
         a.streams = tyro.cli(PrepareConfig, args=rest, prog=prog,
                              default=PrepareConfig.for_algo(a.train.algo, policy_id=a.train.policy_id))
-    except ValueError as e:  # a value the config itself refuses (an unknown --algo)
+    except ValueError as e:  # a value the config itself refuses (an unknown --algo, --total-steps 0)
         raise SystemExit(f"{prog}: {e}") from None
     if a.train.algo not in TRAINABLE:
         raise SystemExit(f"{prog}: --algo {a.train.algo!r} is not trained online; choose from {list(TRAINABLE)}")
+    if a.command == "train":  # before anything is created: an env or device this machine cannot run
+        guide.check_runs_here(a.train.env_id, a.train.device, a.train.learners, a.mode, typed)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -127,6 +140,7 @@ class _Parser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         a, rest = super().parse_known_args(args, namespace)
+        a.given_argv = list(sys.argv[1:] if args is None else args)  # as typed (the guide's equivalents)
         if getattr(a, "env", None) is None:
             a.env = Environment.read()  # the one read of the environment; handlers take it from here
         if getattr(a, "command", None) in TRAINING_COMMANDS:
@@ -168,7 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=argparse.ArgumentParser)
 
     p = sub.add_parser("train", help="train (co-located by default)", add_help=False, allow_abbrev=False)
-    p.add_argument("--mode", choices=["colocated", "decoupled"], default="colocated")
+    p.add_argument("--mode", choices=["colocated", "decoupled"], default=None, help="default: colocated")
+    p.add_argument("--strategy", choices=["on-policy", "off-policy"], default=None,
+                   help="the deployment guide's: on-policy is --mode colocated with an on-policy algorithm "
+                        "(--algo ppo unless given), off-policy --mode decoupled with an off-policy one (agro)")
+    p.add_argument("--json", action="store_true",
+                   help="print the run's summary as JSON (<run-dir>/summary.json) instead of the short one")
     _add_common(p)
     _add_training(p)
 
@@ -741,13 +760,26 @@ def cmd_runs(a: argparse.Namespace) -> int:
     return 0
 
 
+def _refused(message: str, command: str) -> int:
+    """A ``SystemExit`` with a message (input the command cannot use): that line on stderr, exit 2."""
+    message = message.strip()
+    prefix = "" if message.startswith("rlstream") else f"rlstream {command}: ".replace("  ", " ")
+    print(f"{prefix}{message}", file=sys.stderr, flush=True)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "broker":
         from localkafka.cli import main as broker_main
 
         return broker_main(argv[1:])
-    a = build_parser().parse_args(argv)
+    try:
+        a = build_parser().parse_args(argv)
+    except SystemExit as e:
+        if not isinstance(e.code, str):
+            raise
+        return _refused(e.code, argv[0] if argv else "")
     a.argv = argv
     handlers = {"train": cmd_train, "actor": cmd_role, "learner": cmd_role, "subscribe": cmd_subscribe,
                 "replay": cmd_replay, "rollback": cmd_rollback, "serve": cmd_serve, "eval": cmd_eval,
@@ -757,6 +789,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return handlers[a.command](a)
+    except SystemExit as e:
+        if not isinstance(e.code, str):
+            raise
+        return _refused(e.code, a.command)
     except (BusError, ValueError) as e:  # a setting or input to fix, not a fault: one line, no traceback
         from streams.bus.kafka import NoBrokerError, TopicNotFoundError
 

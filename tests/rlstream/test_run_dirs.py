@@ -1,0 +1,135 @@
+"""Run directories through the real ``rlstream`` command: every run gets its own ``runs/<id>``
+with its marker and ``runs/latest`` follows it; a role pointed at another run's directory
+refuses (exit 2, nothing written) unless it resumes; a DPO replay is a run ``rlstream eval``
+reads; ``rlstream runs`` lists them all."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runtime.rundir import RunDir, RunDirError, is_run
+
+TINY = ["--total-steps", "1024", "--num-envs", "2", "--train-batch-size", "512", "--torch-threads", "1",
+        "--metrics-port", "-1", "--no-plot", "--tensorboard", "off"]
+
+
+def rlstream(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RLSTREAM_", "KAFKA_"))}
+    return subprocess.run([sys.executable, "-m", "rlstream.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout, start_new_session=True)
+
+
+def files(root: Path) -> dict[str, float]:
+    return {str(p.relative_to(root)): p.stat().st_mtime for p in root.rglob("*") if p.is_file()}
+
+
+def latest(cwd: Path) -> str:
+    return os.readlink(cwd / "runs" / "latest")
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory) -> tuple[Path, list[str]]:
+    """Two co-located runs, one after the other, in one working directory."""
+    cwd = tmp_path_factory.mktemp("work")
+    ids = []
+    for _ in range(2):
+        r = rlstream(cwd, "train", "--env", "Pendulum-v1", *TINY)
+        assert r.returncode == 0, r.stderr[-2000:]
+        ids.append(latest(cwd))
+    return cwd, ids
+
+
+def test_each_run_has_its_own_directory_and_latest_follows(two_runs) -> None:
+    cwd, (first, second) = two_runs
+    assert first != second
+    for rid in (first, second):
+        info = RunDir(cwd / "runs" / rid).info()
+        assert info is not None and info.run_id == rid and info.mode == "colocated"
+        assert info.env_id == "Pendulum-v1" and info.algo == "ppo"
+        assert json.loads((cwd / "runs" / rid / "summary.json").read_text())["env"] == "Pendulum-v1"
+    assert latest(cwd) == second
+
+
+def test_a_role_refuses_another_runs_directory_and_writes_nothing(two_runs) -> None:
+    cwd, (first, _) = two_runs
+    run = cwd / "runs" / first
+    before = files(run)
+    for role in ("learner", "actor"):
+        r = rlstream(cwd, role, "--env", "Pendulum-v1", "--run-dir", f"runs/{first}", "--bootstrap", "127.0.0.1:1",
+                     *TINY, timeout=60)
+        assert r.returncode == 2, (r.stdout[-1000:], r.stderr[-2000:])
+        assert f"belongs to run '{first}'" in r.stderr and "--resume" in r.stderr
+        assert "Traceback" not in r.stderr
+    assert files(run) == before
+    # the same for a second co-located run aimed at it
+    r = rlstream(cwd, "train", "--env", "Pendulum-v1", "--run-dir", f"runs/{first}", *TINY)
+    assert r.returncode == 2 and "--resume" in r.stderr
+    assert files(run) == before
+
+
+def test_a_directory_that_is_not_a_run_is_refused(two_runs, tmp_path: Path) -> None:
+    cwd, _ = two_runs
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "todo.txt").write_text("keep")
+    r = rlstream(cwd, "train", "--env", "Pendulum-v1", "--run-dir", str(mine), *TINY)
+    assert r.returncode == 2 and "is not empty and is not a run directory" in r.stderr
+    assert sorted(p.name for p in mine.iterdir()) == ["todo.txt"]
+
+
+def test_resume_continues_the_latest_run_under_its_id(two_runs) -> None:
+    cwd, (_, second) = two_runs
+    RunDir(cwd / "runs" / second).point_latest()
+    before = sorted(os.listdir(cwd / "runs"))
+    r = rlstream(cwd, "train", "--env", "Pendulum-v1", "--resume", *TINY[2:], "--total-steps", "2048")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert latest(cwd) == second and sorted(os.listdir(cwd / "runs")) == before
+    assert RunDir(cwd / "runs" / second).info().run_id == second
+    assert json.loads((cwd / "runs" / second / "summary.json").read_text())["steps"] == 2048  # on to the new budget
+
+
+def test_a_dpo_replay_is_a_run_that_eval_reads(two_runs) -> None:
+    cwd, (first, second) = two_runs
+    runs_before = set(os.listdir(cwd / "runs"))
+    dpo_ids = []
+    for _ in range(2):  # a second replay never overwrites the first
+        r = rlstream(cwd, "replay", "--log-dir", f"runs/{first}/log", "--topic", "rl.samples.raw", "--train-dpo",
+                     "--epochs", "2", "--segment", "16")
+        assert r.returncode == 0, r.stderr[-2000:]
+        dpo_ids.append(latest(cwd))
+    assert len(set(dpo_ids)) == 2 and not set(dpo_ids) & runs_before
+    for rid in dpo_ids:
+        run = cwd / "runs" / rid
+        assert RunDir(run).info().mode == "dpo" and (run / "policy.safetensors").is_file()
+    r = rlstream(cwd, "eval", f"runs/{dpo_ids[0]}", "--episodes", "1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.splitlines()[0])["env"] == "Pendulum-v1"
+    listed = rlstream(cwd, "runs", "--json")
+    rows = {json.loads(line)["run_id"]: json.loads(line) for line in listed.stdout.splitlines()}
+    assert {first, second, *dpo_ids} == set(rows)
+    assert rows[dpo_ids[1]]["latest"] and rows[first]["mode"] == "colocated" and rows[first]["status"] == "finished"
+    assert rows[first]["steps"] == 1024 and rows[first]["env"] == "Pendulum-v1"
+    table = rlstream(cwd, "runs").stdout
+    assert f"* {dpo_ids[1]}" in table and first in table and "4 run(s)" in table
+
+
+def test_claim_rules(tmp_path: Path) -> None:
+    rd = RunDir(tmp_path / "r")
+    assert rd.claim("a", mode="decoupled") == "a" and is_run(rd.path)
+    assert rd.claim("a", mode="decoupled", join=True) == "a"  # a role of the same run
+    assert rd.claim("b", mode="decoupled", resume=True) == "a"  # resuming keeps the run's id
+    with pytest.raises(RunDirError, match="belongs to run 'a'"):
+        rd.claim("a", mode="decoupled")  # a new run with the same id: not without --resume
+    with pytest.raises(RunDirError, match="belongs to run 'a'"):
+        rd.claim("b", mode="decoupled", join=True)
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(RunDirError, match="is a link"):
+        RunDir(link).claim("c", mode="colocated")
+    assert not (tmp_path / "elsewhere").exists()
