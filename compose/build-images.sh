@@ -123,7 +123,7 @@ ensure_wheels() {  # every dependency (and the gpu extra) as a wheel in $WHEELS,
   fi
   log "wheels: pip wheel -r $reqs -w $WHEELS (torch and its CUDA libraries: ~4 GB, once)"
   local t0; t0=$(date +%s)
-  "$PY" -m pip wheel -q -w "$WHEELS" -r "$reqs" >&2
+  "$PY" -m pip wheel -q --find-links "$WHEELS" -w "$WHEELS" -r "$reqs" >&2
   log "wheels: done in $(( $(date +%s) - t0 ))s, $(du -sh "$WHEELS" | cut -f1)"
 }
 

@@ -137,8 +137,13 @@ def test_compose_roles_ports_env_and_commands(compose: dict[str, Any]) -> None:
 
 def test_dockerfile() -> None:
     text = (COMPOSE / "Dockerfile").read_text()
-    assert re.search(r"^FROM python:3\.11-slim$", text, re.M)
+    # the base is a build argument: a public image by default, the debootstrap one where nothing pulls
+    assert re.search(r"^ARG BASE=python:3\.11-slim$", text, re.M)
+    assert re.search(r"^FROM \$\{BASE\}$", text, re.M)
+    assert re.search(r"^ARG TORCH_INDEX_URL=", text, re.M)
     assert re.search(r"pip install .*/src", text)
+    # the dependencies are a layer of their own, before the project's code
+    assert text.index("COPY pyproject.toml") < text.index("-r /src/requirements.txt") < text.index("COPY . /src")
     cmd = json.loads(re.search(r"^CMD (\[.*\])$", text, re.M).group(1))
     assert cmd[0] == "rlstream"
     assert "RLSTREAM_METRICS_PORT" in text and "/healthz" in text
