@@ -309,7 +309,7 @@ def retrying(what: str, call: Any, timeout: float = _TIMEOUT, on_retry: Any = No
 
 #: How long a bus's first call waits for any bootstrap address to accept a TCP connection before
 #: ``NoBrokerError``: a broker that is (re)starting is waited for, a missing one said within seconds.
-BROKER_WAIT_S = 5.0
+BROKER_WAIT_S = 3.0
 #: What to do about a missing broker, for ``NoBrokerError``.
 START_BROKER = "rlstream broker start"
 
