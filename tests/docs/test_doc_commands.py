@@ -100,7 +100,8 @@ def _check_rlstream(argv: list[str]) -> None:
         if e.code in (0, None) and ("--help" in argv or "-h" in argv):
             return
         raise AssertionError(f"rlstream {shlex.join(argv)}: refused by the parser ({e.code})") from None
-    if a.command in cli.TRAINING_COMMANDS and getattr(a, "config", None) is None:
+    # --resume needs the run it resumes: parsed only (the resume how-to runs one for real)
+    if a.command in cli.TRAINING_COMMANDS and getattr(a, "config", None) is None and not a.train.resume:
         try:
             cli.train_config(a, default_bus="kafka" if a.command != "train" or a.mode == "decoupled" else "memory")
         except SystemExit as e:
@@ -123,18 +124,36 @@ def test_parse_block(block, tmp_path, monkeypatch):
         if var.startswith("RLSTREAM_") and var != "RLSTREAM_TEST_PROCS" or var == "KAFKA_BROKERS":
             monkeypatch.delenv(var)
     for line in _logical_lines(block.text):
-        words = shlex.split(line, comments=True)
-        if words[:1] == ["export"]:
-            for w in words[1:]:
-                if "=" in w:
-                    monkeypatch.setenv(*w.split("=", 1))
-            continue
-        while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
-            monkeypatch.setenv(*words.pop(0).split("=", 1))
-        if "rlstream.cli" in words:  # torchrun ... -m rlstream.cli learner ...
-            words = ["rlstream", *words[words.index("rlstream.cli") + 1:]]
-        if words[:1] == ["rlstream"]:
-            _check_rlstream(words[1:])
+        lex = shlex.shlex(line, posix=True, punctuation_chars=True)
+        lex.whitespace_split = True
+        for words in _commands(list(lex)):
+            _check_command(words, monkeypatch)
+
+
+def _commands(words: list[str]) -> list[list[str]]:
+    """The simple commands of a list (``a && b; c | d``)."""
+    out, cur = [], []
+    for w in words:
+        if w and set(w) <= set("&|;"):
+            out.append(cur)
+            cur = []
+        else:
+            cur.append(w)
+    return [c for c in out + [cur] if c]
+
+
+def _check_command(words: list[str], monkeypatch) -> None:
+    if words[:1] == ["export"]:
+        for w in words[1:]:
+            if "=" in w:
+                monkeypatch.setenv(*w.split("=", 1))
+        return
+    while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
+        monkeypatch.setenv(*words.pop(0).split("=", 1))
+    if "rlstream.cli" in words:  # torchrun ... -m rlstream.cli learner ...
+        words = ["rlstream", *words[words.index("rlstream.cli") + 1:]]
+    if words[:1] == ["rlstream"]:
+        _check_rlstream(words[1:])
 
 
 # --- run scenarios ----------------------------------------------------------------------------
