@@ -7,7 +7,10 @@ every process that builds the env. ``wrappers`` names per-env wrappers from ``WR
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -85,16 +88,67 @@ def newest_version(env_id: str) -> str | None:
     return max(versions)[1] if versions else None
 
 
-def check_env_id(env_id: str) -> None:
-    """Make ``env_id`` once and close it; ``ValueError`` saying why it cannot be used, and for an
-    old version that no longer loads (``HalfCheetah-v3``: mujoco-py), which version to use."""
+#: MuJoCo's warnings about gymnasium's own model files (nothing a user of rlstream can change),
+#: dropped where envs are made (``quiet_mujoco``): HalfCheetah's XML sets ``settotalmass``.
+MUJOCO_NOISE: tuple[str, ...] = ("compiler attribute 'settotalmass' is deprecated",)
+_quiet: list[bool] = []
+
+
+def quiet_mujoco(env_id: str) -> None:
+    """Before a MuJoCo env is made: once per process, a MuJoCo warning handler that drops the
+    warnings of ``MUJOCO_NOISE`` and prints every other one as MuJoCo does (``WARNING: ...`` on
+    stderr, without its MUJOCO_LOG.TXT in the working directory). A handler already set is kept."""
+    if _quiet:
+        return
     try:
-        gym.make(import_env_module(env_id)).close()
+        entry = registered_spec(env_id).entry_point
+    except (gym.error.Error, ValueError):
+        return
+    if "mujoco" not in str(entry):
+        return
+    _quiet.append(True)
+    import mujoco
+
+    if mujoco.get_mju_user_warning() is not None:
+        return
+
+    def warn(message: str) -> None:
+        if not message.startswith(MUJOCO_NOISE):
+            print(f"WARNING: {message}", file=sys.stderr, flush=True)
+
+    mujoco.set_mju_user_warning(warn)
+
+
+#: Env ids ``check_env_id`` has made in this process (the entry point checks before it starts).
+_loads: set[str] = set()
+
+
+def check_env_id(env_id: str) -> None:
+    """Make ``env_id`` once and close it; ``ValueError`` saying why it cannot be used, and what
+    to use instead: for an old version that no longer loads (``HalfCheetah-v3``: mujoco-py), the
+    newest; for an unknown id, the registered ids closest to it."""
+    if env_id in _loads:
+        return
+    try:
+        with warnings.catch_warnings():  # gymnasium's "out of date" warning: the error below says it
+            warnings.simplefilter("ignore", DeprecationWarning)
+            quiet_mujoco(env_id)
+            gym.make(import_env_module(env_id)).close()
     except (gym.error.Error, ImportError) as e:
+        bare = import_env_module(env_id)
         newer = newest_version(env_id)
-        hint = (f"; use {newer}, the same task on the maintained MuJoCo bindings (rlstream's presets and "
-                f"results are for it)") if newer and newer != import_env_module(env_id) else ""
+        if newer and newer != bare:
+            hint = f"; use {newer}" + (", the same task on the maintained MuJoCo bindings (rlstream's presets and "
+                                       "results are for it)" if "mujoco" in str(e).lower() else "")
+        else:
+            close = list(dict.fromkeys(newest_version(c) or c
+                                       for c in difflib.get_close_matches(bare, list(gym.registry), n=5, cutoff=0.6)))
+            hint = (f"; use {' or '.join(close[:2])} if that is what you meant" if close else
+                    "; python -c 'import gymnasium; gymnasium.pprint_registry()' lists the registered ids")
+            if close and isinstance(e, gym.error.NameNotFound):  # (gymnasium's own guess is the family only)
+                e = gym.error.NameNotFound(f"no environment {bare!r} is registered")
         raise ValueError(f"cannot make environment {env_id!r}: {str(e).rstrip('.')}{hint}") from e
+    _loads.add(env_id)
 
 
 def wrapper_fns(names: Sequence[str]) -> list[Callable[[gym.Env], gym.Env]]:
@@ -111,6 +165,7 @@ def make_vector_env(env_id: str, num_envs: int, mode: str = "sync",
     ``info["final_obs"]`` and the returned obs is already the reset one."""
     fns = wrapper_fns(wrappers)
     import_env_module(env_id)
+    quiet_mujoco(env_id)
     try:
         return gym.make_vec(
             env_id, num_envs=num_envs, vectorization_mode=mode,

@@ -91,6 +91,37 @@ def overlap_overrides(algo: str, overrides: dict[str, Any]) -> dict[str, Any]:
 POLICY_LAG_UNBOUNDED = 1 << 20
 
 
+#: The least value of each budget and size that means anything (None, where a field allows it,
+#: is its default). ``TrainConfig`` refuses a config below one when it is made, so a bad flag
+#: stops the command before anything is created or started.
+AT_LEAST: dict[str, float] = {
+    "total_steps": 1, "num_actors": 1, "num_envs": 1, "train_batch_size": 1, "fragment_steps": 0,
+    "group_size": 0, "snapshot_every": 0, "log_every_s": 0, "learners": 1, "claim_check_above": 0,
+    "policy_wait_s": 0, "max_batches_per_version": 0, "max_backlog": 0, "actor_steps": 0, "max_steps_ahead": 0,
+    "torch_threads": 1, "stream_workers": 1, "max_restarts": 0, "replay_capacity": 1, "replay_max_reuse": 0,
+    "replay_min_size": 0, "breaker_open_above": 0, "breaker_close_below": 0, "snapshot_keep_timed": 0,
+    "snapshot_interval_s": 0, "actor_lag_versions": 0, "breaker_policy_lag_versions": 0,
+}
+#: Fields that must be above zero.
+ABOVE_ZERO: tuple[str, ...] = ("replay_samples_per_insert",)
+
+
+def check_bounds(cfg: Any) -> None:
+    """``ValueError`` naming every field of ``cfg`` below its bound (``AT_LEAST``, ``ABOVE_ZERO``),
+    as the flag that sets it: ``--total-steps must be >= 1, got 0``."""
+    bad = []
+    for name, least in AT_LEAST.items():
+        value = getattr(cfg, name)
+        if value is not None and value < least:
+            bad.append(f"--{name.replace('_', '-')} must be >= {least:g}, got {value:g}")
+    for name in ABOVE_ZERO:
+        value = getattr(cfg, name)
+        if value is not None and not value > 0:
+            bad.append(f"--{name.replace('_', '-')} must be > 0, got {value:g}")
+    if bad:
+        raise ValueError("; ".join(bad))
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     mode: EntryPoint[str] = "colocated"
@@ -270,17 +301,17 @@ class TrainConfig:
                 object.__setattr__(self, name, getattr(d, name))
         if self.fragment_steps is None and d.fragment_steps is not None:
             object.__setattr__(self, "fragment_steps", d.fragment_steps)
-        if self.breaker_policy_lag_versions is not None and self.breaker_policy_lag_versions < 0:
-            raise ValueError(f"--breaker-policy-lag-versions must be >= 0, got {self.breaker_policy_lag_versions}")
-        if self.snapshot_interval_s < 0 or self.snapshot_keep_timed < 0:
-            raise ValueError("--snapshot-interval-s and --snapshot-keep-timed must be >= 0")
-        if self.actor_lag_versions < 0:  # (decoupled-only is checked by run_colocated: the CLI
-            # builds this config before it sets ``mode``)
-            raise ValueError(f"--actor-lag-versions must be >= 0, got {self.actor_lag_versions}")
+        check_bounds(self)  # (--actor-lag-versions' decoupled-only is checked by run_colocated: the
+        # CLI builds this config before it sets ``mode``)
         if self.replay and d.on_policy:
             raise ValueError(f"--replay needs an off-policy algorithm (agro, tba), not {self.algo!r}")
         if self.overlap:  # (co-located only is checked by run_decoupled: ``mode`` is set later)
             object.__setattr__(self, "algo_overrides", overlap_overrides(self.algo, self.algo_overrides))
+
+    @classmethod
+    def from_flags(cls, flags: "TrainConfig") -> "TrainConfig":
+        """The checked config of ``flags`` (a ``TrainFlags``); ``ValueError`` saying what is wrong."""
+        return cls(**{f.name: getattr(flags, f.name) for f in dataclasses.fields(cls)})
 
     def replay_settings(self) -> dict[str, Any] | None:
         """The sample cache's settings (``learner.replay.ReplayConfig`` fields); None: no replay.
@@ -419,3 +450,13 @@ def read_config(path: str | Path, env: Environment | None = None) -> TrainConfig
 ENTRY_POINT_FIELDS: tuple[str, ...] = tuple(
     name for name, hint in get_type_hints(TrainConfig, include_extras=True).items()
     if tyro.conf.Suppress in getattr(hint, "__metadata__", ()))
+
+
+@dataclass(frozen=True)
+class TrainFlags(TrainConfig):
+    """``TrainConfig``'s flags as ``tyro`` parses them, unchecked: the entry point makes the
+    ``TrainConfig`` from them (``TrainConfig.from_flags``), so a value the config refuses is one
+    line of error, not tyro's box."""
+
+    def __post_init__(self) -> None:
+        pass

@@ -70,6 +70,20 @@ def parse_devices(spec: str, learners: int | None) -> list[str]:
     return devs
 
 
+def missing_devices(devices: list[str], cuda_count: int | None = None) -> list[str]:
+    """The CUDA devices of ``devices`` (``parse_devices``) this machine does not have
+    (``cuda_count``: how many it has; None: ask torch)."""
+    cuda = [d for d in devices if d.startswith("cuda")]
+    if not cuda:
+        return []
+    have = torch.cuda.device_count() if cuda_count is None else cuda_count
+    index = [d.partition(":")[2] or "0" for d in cuda]
+    bad = [d for d, i in zip(cuda, index) if not i.isdigit()]
+    if bad:
+        raise ValueError(f"--device: {', '.join(bad)} is not a device (cpu, cuda, cuda:N or cuda:0,1,...)")
+    return [d for d, i in zip(cuda, index) if int(i) >= have]
+
+
 def backend_for(device: str) -> str:
     return "nccl" if device.startswith("cuda") else "gloo"
 
