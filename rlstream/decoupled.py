@@ -406,9 +406,15 @@ class RunMonitor:
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
+#: ``http_probe``'s details when the child's server is closed or closing (a child on its way
+#: out): nothing listens on the port, or it dropped the connection unanswered.
+REFUSED = "connection refused (no server on the port)"
+RESET = "connection reset (its server closed it unanswered)"
+
+
 def http_probe(url: str, timeout_s: float) -> tuple[bool, str]:
     """One ``httpGet`` probe as the kubelet runs it: ``(ok, detail)``, ok on a 2xx or 3xx answer
-    within ``timeout_s``; a refused connection, a time-out or another status fails."""
+    within ``timeout_s``; a refused connection (``REFUSED``), a time-out or another status fails."""
     try:
         with _DIRECT.open(url, timeout=timeout_s) as resp:
             return 200 <= resp.status < 400, f"HTTP {resp.status}"
@@ -416,6 +422,11 @@ def http_probe(url: str, timeout_s: float) -> tuple[bool, str]:
         body = e.read(300).decode(errors="replace").strip()
         return False, f"HTTP {e.code}" + (f": {body}" if body else "")
     except (OSError, http.client.HTTPException) as e:  # refused, reset, timed out
+        reason = getattr(e, "reason", e)
+        if isinstance(reason, ConnectionRefusedError):
+            return False, REFUSED
+        if isinstance(reason, ConnectionResetError):  # http.client.RemoteDisconnected too
+            return False, RESET
         return False, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
@@ -425,6 +436,7 @@ class _ProbeState:
     next_at: float  # monotonic time of the next probe
     answered: bool = False  # started: a probe has passed once
     failures: int = 0  # liveness failures in a row
+    refused_since: float | None = None  # monotonic time its server stopped answering (``REFUSED``)
 
 
 class Supervisor:
@@ -442,10 +454,16 @@ class Supervisor:
     process does not act on SIGTERM), and it is restarted like a child that died, with the
     reason logged and in ``reasons``. Unlike a startupProbe, a child that never answers is not
     killed (it may have lost its port to a race and runs without a server). ``liveness=None``:
-    no probes. ``check`` runs the probes that are due, one after another, on the caller's thread."""
+    no probes. ``check`` runs the probes that are due, one after another, on the caller's thread.
+
+    A child that has exited is not probed, and one whose server refuses or resets connections after
+    it answered (it closed its server on its way out: a learner past its last snapshot) has
+    ``EXIT_GRACE_S`` to exit before those refusals count as failures: a clean finish logs no
+    ``liveness_probe_failed``."""
 
     BACKOFF_S = 1.0
     BACKOFF_MAX_S = 30.0
+    EXIT_GRACE_S = 20.0
 
     def __init__(self, env: dict[str, str], log_dir: Path, max_restarts: int, log: Any = None,
                  liveness: Probe | None = LIVENESS_PROBE, startup: Probe = STARTUP_PROBE) -> None:
@@ -493,10 +511,17 @@ class Supervisor:
                 st.answered = ok
                 st.next_at = time.monotonic() + (self.liveness if ok else self.startup).period_s
                 continue
-            st.next_at = time.monotonic() + self.liveness.period_s
+            now = time.monotonic()
+            st.next_at = now + self.liveness.period_s
             if ok:
-                st.failures = 0
+                st.failures, st.refused_since = 0, None
                 continue
+            if p.poll() is not None:  # it exited while asked: ``check`` deals with an exit
+                continue
+            if detail in (REFUSED, RESET):  # its server is closed: on its way out, unless it stays past the grace
+                st.refused_since = now if st.refused_since is None else st.refused_since
+                if now - st.refused_since < self.EXIT_GRACE_S:
+                    continue
             st.failures += 1
             if self.log is not None:
                 self.log.warning("liveness_probe_failed", role=name, failures=st.failures,
@@ -712,7 +737,7 @@ def run_learning(cfg: TrainConfig, actors: list[str], summaries: dict[str, dict]
             merged.append((total * s / steps if steps else float(s), float(r)))
     merged.sort(key=lambda p: p[0])
     progress = Progress(total_steps=max(1, total))
-    progress.steps = total
+    progress.steps, progress.episodes = total, len(merged)
     for s, r in merged:
         progress.curve.append((int(s), r))
         progress.recent_returns.append(r)

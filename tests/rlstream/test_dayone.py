@@ -135,7 +135,7 @@ def test_eval_records_mujoco_video_offscreen_from_a_snapshot(tmp_path):
 @pytest.mark.kafka
 def test_decoupled_own_env_wrappers_tensorboard_per_role(rl_topics, tmp_path):
     """Every child process (learner, actor) imports the user's env module itself; each role
-    writes its own TensorBoard run; the verdict comes from the actor's returns."""
+    writes its own TensorBoard run; the verdict is the run's, over its actors' returns, with one plot."""
     run = tmp_path / "run"
     p = rlstream("train", "--mode", "decoupled", "--env", "user_envs:Corridor-v0", "--wrappers", "clip_reward",
                  "--total-steps", "1024", "--num-envs", "4", "--train-batch-size", "512", "--bootstrap", rl_topics,
@@ -149,5 +149,10 @@ def test_decoupled_own_env_wrappers_tensorboard_per_role(rl_topics, tmp_path):
     assert set(summary["processes"]["streams"]["drops"]) <= {"duplicate"}, summary["processes"]["streams"]
     last = p.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"verdict: return -?[\d.]+ \(first episodes\) -> -?[\d.]+ \(last 20 episodes\); "
-                        r"plot: .+actor-0/returns\.png", last), last
+                        rf"plot: {re.escape(str(run))}/returns\.png", last), last
+    actor = summary["processes"]["actor-0"]
+    assert summary["steps"] == actor["steps"] and summary["episodes"] == len(
+        json.loads((run / "actor-0" / "curve.json").read_text())["returns"])
+    assert (summary["first_returns_mean"], summary["return_mean20"]) == (actor["first_returns_mean"],
+                                                                         actor["return_mean20"])  # one actor
     check_tensorboard(run / "tb" / "dec", ["actor-0"])

@@ -133,3 +133,26 @@ def test_claim_rules(tmp_path: Path) -> None:
     with pytest.raises(RunDirError, match="is a link"):
         RunDir(link).claim("c", mode="colocated")
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_the_decoupled_verdict_merges_every_actor(tmp_path: Path) -> None:
+    from config import TrainConfig
+    from rlstream.decoupled import run_learning
+    from runtime.progress import verdict
+
+    cfg = TrainConfig(env_id="Pendulum-v1", run_dir=tmp_path, plot=True)
+    curves = {"actor-0": ([100, 200, 300, 400], [-10.0, -9.0, -8.0, -7.0]),
+              "actor-1": ([50, 100], [-20.0, 1.0])}  # half the steps: its episodes spread over the same run
+    summaries = {"actor-0": {"steps": 400}, "actor-1": {"steps": 100}}
+    for name, (steps, returns) in curves.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "curve.json").write_text(json.dumps({"steps": steps, "returns": returns}))
+    out = run_learning(cfg, ["actor-0", "actor-1"], summaries)
+    merged = json.loads((tmp_path / "curve.json").read_text())
+    assert merged["steps"] == [125, 250, 250, 375, 500, 500]
+    assert merged["returns"] == [-10.0, -9.0, -20.0, -8.0, -7.0, 1.0]
+    assert out["steps"] == 500 and out["episodes"] == 6
+    assert out["first_returns_mean"] == round(sum(merged["returns"]) / 6, 2) == out["return_mean20"]
+    assert out["plot"] == str(tmp_path / "returns.png") and (tmp_path / "returns.png").stat().st_size > 0
+    line = verdict({"mode": "decoupled", **out})
+    assert f"-> {sum(merged['returns']) / 6:.1f} (last 20 episodes); plot: {tmp_path}/returns.png" in line
