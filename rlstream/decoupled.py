@@ -44,7 +44,7 @@ from runtime.progress import TIMELINE_FILE, Progress, quantiles_ms, read_state
 from runtime.roles import Slot, clear_summaries, drive, read_summaries, summary_path, write_summary
 from runtime.tensorboard import TensorBoardRun
 from config.runfile import CONFIG_FILE
-from runtime.rundir import RunDir
+from runtime.rundir import RunDir, write_json_atomic
 from config.train import OVERLAP_COLOCATED_ONLY
 from streams.topics import SAMPLES_PREPARED, SAMPLES_RAW, STREAMS_GROUP
 
@@ -388,10 +388,7 @@ class RunMonitor:
     def log_line(self) -> dict[str, Any]:
         fields = self.fields()
         self.timeline.append({"t_s": round(time.perf_counter() - self.started, 3), **fields})
-        path = self.cfg.run_dir / TIMELINE_FILE
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(self.timeline))
-        tmp.replace(path)
+        write_json_atomic(self.cfg.run_dir / TIMELINE_FILE, self.timeline, indent=None)
         if self.log is not None:
             self.log.info("progress", **fields)
             if fields["stalled"]:
@@ -627,11 +624,7 @@ def write_scrape_targets(cfg: TrainConfig, ports: dict[str, int], host: str = "1
                 "labels": {"role": name.split("-")[0], "process": name, "run_id": cfg.effective_run_id(),
                            "namespace": cfg.bus.namespace}}
                for name, port in sorted(ports.items())]
-    path = cfg.run_dir / TARGETS_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(targets, indent=2) + "\n")
-    tmp.replace(path)
-    return path
+    return write_json_atomic(cfg.run_dir / TARGETS_FILE, targets)
 
 
 #: How often the parent checks whether the learner has drained the actors' last samples.

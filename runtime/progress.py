@@ -112,12 +112,13 @@ class Progress:
     def write(self, run_dir: Path, plot: bool, title: str) -> dict[str, str]:
         run_dir.mkdir(parents=True, exist_ok=True)
         out = {}
-        curve_path = run_dir / "curve.json"
-        curve_path.write_text(json.dumps({"steps": [s for s, _ in self.curve], "returns": [r for _, r in self.curve]}))
+        from runtime.rundir import write_json_atomic
+
+        curve_path = write_json_atomic(run_dir / "curve.json", {"steps": [s for s, _ in self.curve],
+                                                                "returns": [r for _, r in self.curve]}, indent=None)
         out["curve"] = str(curve_path)
         if self.timeline:
-            timeline_path = run_dir / TIMELINE_FILE
-            timeline_path.write_text(json.dumps(self.timeline))
+            timeline_path = write_json_atomic(run_dir / TIMELINE_FILE, self.timeline, indent=None)
             out["timeline"] = str(timeline_path)
         if plot and self.curve:
             import matplotlib
@@ -146,9 +147,9 @@ class Progress:
 
 def write_state(path: Path, fields: dict[str, Any]) -> None:
     """``fields`` as JSON at ``path``, replaced atomically (a reader never sees half a file)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps({"t": time.time(), "pid": os.getpid(), **fields}))
-    tmp.replace(path)
+    from runtime.rundir import write_json_atomic
+
+    write_json_atomic(path, {"t": time.time(), "pid": os.getpid(), **fields}, indent=None)
 
 
 def read_state(path: Path) -> dict[str, Any] | None:
@@ -170,6 +171,26 @@ def verdict(summary: dict[str, Any]) -> str:
         learned = f"return {first:.1f} (first episodes) -> {last:.1f} (last 20 episodes)"
     where = f"plot: {src['plot']}" if src.get("plot") else "no plot (--plot)"
     return f"verdict: {learned}; {where}"
+
+
+def short_summary(summary: dict[str, Any], run_id: str, run_dir: Path) -> str:
+    """What ``rlstream train`` prints before its verdict (``verdict``: returns and plot): the
+    run, where its files are, steps, wall time and steps/s. The whole summary stays in
+    ``<run_dir>/summary.json`` (``--json`` prints it)."""
+    learner = summary.get("processes", {}).get("learner", {})  # decoupled: the learner's figures
+    steps = summary.get("steps")
+    wall = summary.get("elapsed_s") or learner.get("wall_s")
+    updates = summary.get("updates", learner.get("updates"))
+    version = summary.get("final_policy_version", learner.get("final_version"))
+    what = ", ".join(str(x) for x in (f"{summary.get('algo')} on {summary.get('env')}" if summary.get("algo") else None,
+                                       summary.get("mode")) if x)
+    lines = [f"run {run_id}" + (f" ({what})" if what else "") + f": {run_dir}"]
+    if steps is not None:
+        timing = f" in {wall:.1f} s ({steps / wall:,.0f} steps/s)" if wall else ""
+        trained = f", {updates} updates to policy version {version}" if updates is not None else ""
+        lines.append(f"{steps:,} env steps{timing}{trained}")
+    lines.append(f"summary: {Path(run_dir) / 'summary.json'} (--json prints it)")
+    return "\n".join(lines)
 
 
 def _mean(xs: list[float]) -> float | None:

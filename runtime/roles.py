@@ -227,12 +227,9 @@ def summary_path(run_dir: Path, name: str) -> Path:
 
 def write_summary(run_dir: Path, name: str, summary: dict[str, Any]) -> Path:
     """Write role ``name``'s summary to ``<run_dir>/<name>.summary.json`` (atomically)."""
-    path = summary_path(run_dir, name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
-    tmp.replace(path)
-    return path
+    from runtime.rundir import write_json_atomic
+
+    return write_json_atomic(summary_path(run_dir, name), summary)
 
 
 def read_summaries(run_dir: Path, names: Iterable[str]) -> dict[str, dict[str, Any]]:
