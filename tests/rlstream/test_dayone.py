@@ -156,3 +156,11 @@ def test_decoupled_own_env_wrappers_tensorboard_per_role(rl_topics, tmp_path):
     assert (summary["first_returns_mean"], summary["return_mean20"]) == (actor["first_returns_mean"],
                                                                          actor["return_mean20"])  # one actor
     check_tensorboard(run / "tb" / "dec", ["actor-0"])
+    from runtime.rundir import _matches_run_file
+
+    assert set(os.listdir(run)) == {  # every file a decoupled run writes, each a run file (runtime.rundir)
+        "run.json", "namespace", "config.json", "summary.json", "curve.json", "returns.png", "timeline.json",
+        "prometheus.targets.json", "tb", "snapshots", "streams-data", "actor-0",
+        *(f"{role}.{kind}" for role in ("learner", "actor-0", "streams") for kind in ("log", "summary.json",
+                                                                                       "state.json", "config.json"))}
+    assert all(_matches_run_file(n) for n in os.listdir(run))

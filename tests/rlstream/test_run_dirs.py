@@ -56,6 +56,21 @@ def test_each_run_has_its_own_directory_and_latest_follows(two_runs) -> None:
     assert latest(cwd) == second
 
 
+COLOCATED_FILES = {"run.json", "summary.json", "actor-0.summary.json", "learner.summary.json", "streams.summary.json",
+                   "curve.json", "timeline.json", "log", "snapshots"}
+
+
+def test_every_file_a_colocated_run_writes_is_a_run_file(two_runs) -> None:
+    """What a co-located run leaves at its top level (here without plot and TensorBoard): all of
+    it named by ``runtime.rundir.RUN_FILES``, so a run from before markers is still recognised."""
+    from runtime.rundir import RUN_FILES, _matches_run_file
+
+    cwd, (first, _) = two_runs
+    names = set(os.listdir(cwd / "runs" / first))
+    assert names == COLOCATED_FILES
+    assert all(_matches_run_file(n) for n in names), RUN_FILES
+
+
 def test_a_role_refuses_another_runs_directory_and_writes_nothing(two_runs) -> None:
     cwd, (first, _) = two_runs
     run = cwd / "runs" / first
