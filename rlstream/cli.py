@@ -289,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", type=Path, nargs="?", default=Path("runs/latest"), help="run directory (default: runs/latest)")
     p.add_argument("--json", action="store_true", help="JSON instead of the table")
     p.add_argument("--no-plot", action="store_true", help="do not plot latency and freshness over time")
+    p.add_argument("--report-only", action="store_true",
+                   help="exit 0 whatever the verdicts (default: exit 1 when a threshold fails, to gate a pipeline; "
+                        "2: not a usable run directory)")
 
     p = sub.add_parser("prune", help="remove run directories (logs, TensorBoard, event log) older than a bound")
     p.add_argument("runs_dir", type=Path, nargs="?", default=Path("runs"), metavar="RUNS_DIR",
@@ -451,6 +454,9 @@ def cmd_train(a: argparse.Namespace) -> int:
     from runtime.metrics import Metrics
 
     cfg = train_config(a, default_bus="kafka" if a.mode == "decoupled" else "memory")
+    from rlstream.guide import check_redis
+
+    check_redis(cfg.snapshot_store, cfg.redis_url)  # before the run directory: a Redis that is not there
     claim_run_dir(cfg, join=False)
     configure_logging(role=cfg.mode, run_id=cfg.effective_run_id(), level=a.log_level, json=a.log_json)
     log = get_logger("rlstream.train")
@@ -469,22 +475,26 @@ def cmd_train(a: argparse.Namespace) -> int:
             if server is not None:
                 server.stop()
     else:
-        from rlstream.decoupled import ChildExited, run_decoupled
+        from rlstream.decoupled import run_decoupled
+        from rlstream.supervisor import ChildExited
 
         try:
             summary = run_decoupled(cfg, log=log, stop=stop, env=a.env)
         except ChildExited as e:
             print(f"error: {e}", file=sys.stderr, flush=True)
             return 1
-    from runtime.progress import verdict
+    from runtime.progress import short_summary, verdict
 
-    print(json.dumps({"summary": summary}, indent=2))
+    if a.json:  # for scripts; a person gets a few lines (the whole summary is in the run's summary.json)
+        print(json.dumps({"summary": summary}, indent=2))
+    else:
+        print(short_summary(summary, cfg.effective_run_id(), cfg.run_dir))
     print(verdict(summary), flush=True)
     return 0
 
 
 def cmd_role(a: argparse.Namespace) -> int:
-    from rlstream import decoupled
+    from rlstream import processes
     from config import read_config
     from runtime.logging import configure_logging, get_logger
     from runtime.metrics import Metrics
@@ -514,10 +524,10 @@ def cmd_role(a: argparse.Namespace) -> int:
     server, health = _serve_metrics(metrics, cfg.metrics_port if rank == 0 else -1, role, env)
     try:
         if role == "actor":
-            summary = decoupled.run_actor(cfg, a.index, log=log, stop=stop, metrics=metrics, health=health,
+            summary = processes.run_actor(cfg, a.index, log=log, stop=stop, metrics=metrics, health=health,
                                           host=env.hostname)
         else:
-            summary = decoupled.run_learner(cfg, log=log, stop=stop, metrics=metrics, health=health, rank=ranks)
+            summary = processes.run_learner(cfg, log=log, stop=stop, metrics=metrics, health=health, rank=ranks)
     except distributed.PeerLost as e:
         log.error("peer_lost", error=str(e), note="the group stops; a restart resumes from its last snapshot")
         return distributed.EXIT_PEER_LOST
@@ -692,7 +702,8 @@ def cmd_time_travel(a: argparse.Namespace) -> int:
 
 
 def cmd_validate(a: argparse.Namespace) -> int:
-    """Exit 0 whatever the verdicts (it is a report); 2 when the run directory is unusable."""
+    """Exit 0 when no threshold fails (absent figures do not), 1 when one does (0 with
+    --report-only), 2 when the run directory is unusable."""
     from runtime import golive
 
     try:
@@ -701,6 +712,11 @@ def cmd_validate(a: argparse.Namespace) -> int:
         print(f"validate: {e}", file=sys.stderr)
         return 2
     print(json.dumps(report, indent=2) if a.json else golive.render(report), flush=True)
+    failed = golive.failed(report)
+    if failed and not a.report_only:
+        print(f"validate: {len(failed)} threshold(s) failed ({', '.join(failed)}): exit 1 "
+              "(--report-only exits 0)", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

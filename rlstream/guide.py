@@ -148,3 +148,31 @@ def _missing(devices: list[str], problems: list[str]) -> tuple[list[str], int] |
         problems.append(str(e))
         return None
     return (missing, have) if missing else None
+
+
+def check_redis(snapshot_store: str | None, redis_url: str | None, timeout_s: float = 3.0) -> None:
+    """Refuse (``SystemExit``, one line) a run whose Redis does not answer a PING within
+    ``timeout_s``: the snapshot store's (``redis://`` ``--snapshot-store``) or the claim checks'
+    (``--redis-url``, ``REDIS_URL``), before the run directory is made. Passwords are never shown."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    for url, flag in ((snapshot_store, "--snapshot-store (or RLSTREAM_SNAPSHOT_STORE)"),
+                      (redis_url, "--redis-url (or REDIS_URL)")):
+        parts = urlsplit(str(url or ""))
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            continue
+        import redis
+
+        shown = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2], query=""))
+        client = redis.Redis.from_url(urlunsplit(parts._replace(query="")), socket_connect_timeout=timeout_s,
+                                      socket_timeout=timeout_s)
+        try:
+            client.ping()
+        except redis.exceptions.AuthenticationError as e:
+            raise SystemExit(f"Redis at {shown} ({flag}) refused the credentials ({e}): put the right password "
+                             "in the URL (redis://:PASSWORD@host:port/0)") from None
+        except (redis.exceptions.RedisError, OSError) as e:
+            raise SystemExit(f"no Redis answers at {shown} ({flag}): {str(e).rstrip('.')}; start one there "
+                             f"(redis-server --port {parts.port or 6379}) or point {flag.split()[0]} at one") from None
+        finally:
+            client.close()

@@ -21,7 +21,7 @@ starts, however long ago that was published) ends its start-up; the summaries ke
 
 ``timeline.json`` (one line per progress line, with the window's ``policy_latency_p99_ms`` and
 ``freshness``: a co-located run's from its ``Progress``, a decoupled run's from its supervisor,
-``rlstream.decoupled.RunMonitor``, over the children's state files) is plotted over time when it
+``rlstream.monitor.RunMonitor``, over the children's state files) is plotted over time when it
 holds latency or freshness; no run's figures over time are made up where it does not.
 """
 
@@ -225,6 +225,12 @@ def check(run: Path, plot: bool = True) -> dict[str, Any]:
     report: dict[str, Any] = {"run": str(run), "mode": mode, "rows": [asdict(r) for r in rows]}
     report.update(plot_timeline(run, mode) if plot else {"plot": None, "plot_note": "not asked for"})
     return report
+
+
+def failed(report: dict[str, Any]) -> list[str]:
+    """The metrics of ``report`` that failed their threshold (absent ones are not failures:
+    ``rlstream validate`` exits 1 on a failure, to gate a pipeline)."""
+    return [r["metric"] for r in report["rows"] if r["status"] == FAIL]
 
 
 def plot_timeline(run: Path, mode: str) -> dict[str, Any]:

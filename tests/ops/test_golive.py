@@ -77,16 +77,20 @@ def test_no_gpu_is_said_and_a_missing_learner_summary_is_absent_not_guessed(tmp_
     r = golive.check(run)
     assert rows(r)["throughput_sps"] == (None, "absent") and rows(r)["gpu_utilization_pct"] == (None, "absent")
     assert "the learner wrote no summary (its last state: 4096 samples)" in json.dumps(r)
-    assert main(["validate", str(run)]) == 0  # a report, whatever it says
-    out = capsys.readouterr().out
-    assert "FAIL" in out and "ABSENT" in out and "1 pass, 1 fail, 2 absent" in out
+    assert main(["validate", str(run)]) == 1  # a threshold failed: a pipeline stops here
+    got = capsys.readouterr()
+    assert "FAIL" in got.out and "ABSENT" in got.out and "1 pass, 1 fail, 2 absent" in got.out
+    assert "1 threshold(s) failed" in got.err
+    assert main(["validate", str(run), "--report-only"]) == 0  # the same report, exit 0
+    assert "1 pass, 1 fail, 2 absent" in capsys.readouterr().out
 
 
 def test_cli_json_and_unusable_run_directories(tmp_path, capsys):
     run = decoupled_run(tmp_path / "j")
-    assert main(["validate", str(run), "--json"]) == 0
+    assert main(["validate", str(run), "--json"]) == 1  # its latency fails: still the whole report
     report = json.loads(capsys.readouterr().out)
     assert rows(report)["throughput_sps"] == (15000.0, "pass")
+    assert golive.failed(report) == ["policy_latency_p99_ms"]
     assert main(["validate", str(tmp_path / "nope")]) == 2
     assert "no such run directory" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
@@ -123,5 +127,25 @@ def test_a_real_colocated_run_fills_every_row_and_plots_its_timeline(tmp_path, c
     assert any(line["policy_latency_p99_ms"] is not None for line in timeline)
     assert all(line["freshness"] in (None, 1.0) for line in timeline)
     assert report["plot"] == str(tmp_path / golive.PLOT_FILE) and Path(report["plot"]).stat().st_size > 0
-    assert main(["validate", str(tmp_path), "--no-plot"]) == 0
+    assert main(["validate", str(tmp_path), "--no-plot"]) == (1 if golive.failed(report) else 0)
     assert "go-live check" in capsys.readouterr().out
+    assert main(["validate", str(tmp_path), "--no-plot", "--report-only"]) == 0
+
+
+def test_validate_gates_a_pipeline(tmp_path, capsys):
+    """Exit 0 when every measured figure passes (absent ones do not fail), 1 when one fails, 0
+    with --report-only, 2 for a directory that is not a run."""
+    run = decoupled_run(tmp_path / "ok")
+    write(run, "actor-1.summary.json", {"policy_latency_ms": {"count": 40, "p50": 9.0, "p99": 60.0}})
+    assert golive.failed(golive.check(run, plot=False)) == []
+    assert main(["validate", str(run), "--no-plot"]) == 0
+    assert "4 pass, 0 fail, 0 absent" in capsys.readouterr().out
+    write(run, "learner.summary.json", {"samples_trained": 120_000, "wall_s": 8.0,
+                                        "gpu": {"status": "no GPU", "reason": "NVML: no device"}})
+    assert main(["validate", str(run), "--no-plot"]) == 0  # the GPU row absent: not a failure
+    assert "3 pass, 0 fail, 1 absent" in capsys.readouterr().out
+    write(run, "actor-1.summary.json", {"policy_latency_ms": {"count": 40, "p50": 9.0, "p99": 120.0}})
+    assert main(["validate", str(run), "--no-plot"]) == 1
+    assert "validate: 1 threshold(s) failed (policy_latency_p99_ms)" in capsys.readouterr().err
+    assert main(["validate", str(run), "--no-plot", "--report-only"]) == 0
+    assert main(["validate", str(tmp_path / "nope"), "--report-only"]) == 2

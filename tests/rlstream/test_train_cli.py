@@ -58,7 +58,7 @@ def first_run(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("cli")
     p = rlstream("train", "--env", "Pendulum-v1", "--total-steps", "4096", "--num-envs", "2",
                  "--snapshot-every", "1", "--metrics-port", "-1", "--plot", "--run-id", "first", "--log-json",
-                 cwd=cwd)
+                 "--json", cwd=cwd)
     return cwd, p
 
 
@@ -101,7 +101,7 @@ def test_a_second_run_into_the_same_dir_needs_resume(run):
 def test_resume_continues_versions_and_rollback_republishes_a_snapshot(run):
     cwd, _ = run
     p = rlstream("train", "--env", "Pendulum-v1", "--total-steps", "6144", "--num-envs", "2", "--resume",
-                 "--snapshot-every", "1", "--metrics-port", "-1", cwd=cwd)
+                 "--snapshot-every", "1", "--metrics-port", "-1", "--json", cwd=cwd)
     s = summary_of(p)
     log = cwd / "runs" / "latest" / "log"
     vs = versions(log)
