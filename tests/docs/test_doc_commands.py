@@ -18,10 +18,10 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -162,11 +162,10 @@ def _free_block(n: int) -> int:
     """A port P with P..P+n-1 all free on 127.0.0.1 (a cluster's node i uses P+2i and P+2i+1)."""
     from localkafka.broker import port_is_free
 
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n < 65535 and all(port_is_free(base + i) for i in range(n)):
+    rng = random.Random()
+    for _ in range(200):  # below Linux's ephemeral range, where outgoing connections take ports
+        base = rng.randrange(20000, 32000 - n)
+        if all(port_is_free(base + i) for i in range(n)):
             return base
     raise RuntimeError(f"no {n} consecutive free ports")
 
