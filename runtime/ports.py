@@ -42,7 +42,7 @@ class Probe:
 
 
 #: The liveness probe of every role: the manifests' ``livenessProbe`` (compose/k8s/, checked by
-#: tests/ops/test_manifests.py) and the local decoupled supervisor's (``rlstream.decoupled``).
+#: tests/ops/test_manifests.py) and the local decoupled supervisor's (``rlstream.supervisor``).
 LIVENESS_PROBE = Probe(path="/healthz", period_s=10.0, timeout_s=3.0, failure_threshold=3)
 #: The start-up probe the liveness probe waits behind (the manifests' ``startupProbe``; its
 #: ``timeoutSeconds`` is Kubernetes' default, 1). Locally it sets how often a child not yet

@@ -148,7 +148,9 @@ class RunDir:
 
     @property
     def namespace_file(self) -> Path:
-        return self.path / "namespace"
+        from config.bus import NAMESPACE_FILE
+
+        return self.path / NAMESPACE_FILE
 
     @property
     def timeline_file(self) -> Path:

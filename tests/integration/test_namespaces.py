@@ -28,7 +28,8 @@ from pathlib import Path
 import pytest
 
 from config import BusConfig, TrainConfig
-from rlstream.decoupled import RunMonitor, state_path
+from rlstream.monitor import RunMonitor
+from runtime.rundir import RunDir
 from runtime.progress import read_state
 from schemas.codec import Codec
 from schemas.events import GradientStep, SampleBatch
@@ -215,7 +216,7 @@ def test_a_stalled_learner_holds_actors_back_and_budgets_hold(kafka_bootstrap, n
 
 
 def state_path_of(run_dir: Path, name: str) -> Path:
-    return state_path(TrainConfig(run_dir=run_dir), name)
+    return RunDir(run_dir).state_file(name)
 
 
 def test_a_dead_child_past_its_restarts_fails_the_run_naming_its_log(kafka_bootstrap, namespace, tmp_path):

@@ -19,7 +19,7 @@ import torch
 from agents.registry import make_algorithm
 from learner.circuit_breaker import CircuitBreaker, State
 from learner.learner import Learner, LearnerConfig
-from rlstream.decoupled import _consumer_lag_gauge
+from rlstream.processes import _consumer_lag_gauge
 from runtime.metrics import Metrics
 from schemas.codec import Codec
 from schemas.events import SampleBatch, new_id, now_ms

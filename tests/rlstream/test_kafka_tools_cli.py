@@ -318,3 +318,16 @@ def test_lag_agrees_with_kafka_consumer_groups_describe(kafka_bootstrap, namespa
         if member is not None:
             member.close()
         bus.close()
+
+
+def test_tools_read_the_namespace_file_decoupled_runs_write(tmp_path):
+    from config.bus import NAMESPACE_FILE, run_namespace
+    from runtime.rundir import RunDir
+
+    assert NAMESPACE_FILE == RunDir(tmp_path).namespace_file.name
+    (tmp_path / NAMESPACE_FILE).write_text("exp1\n")
+    assert run_namespace(tmp_path) == "exp1" and run_namespace(tmp_path / "none") is None
+    env = Environment({})
+    assert BusConfig.from_environment(env, kind="kafka", run_dir=tmp_path).namespace == "exp1"
+    assert BusConfig.from_environment(env, kind="kafka", run_dir=tmp_path, namespace="").namespace == ""
+    assert BusConfig.from_environment(Environment({"RLSTREAM_NAMESPACE": "e2"}), run_dir=tmp_path).namespace == "e2"

@@ -152,7 +152,7 @@ def test_claim_rules(tmp_path: Path) -> None:
 
 def test_the_decoupled_verdict_merges_every_actor(tmp_path: Path) -> None:
     from config import TrainConfig
-    from rlstream.decoupled import run_learning
+    from rlstream.monitor import run_learning
     from runtime.progress import verdict
 
     cfg = TrainConfig(env_id="Pendulum-v1", run_dir=tmp_path, plot=True)

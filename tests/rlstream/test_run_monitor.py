@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 from config import TrainConfig
-from rlstream.decoupled import RunMonitor, state_path
+from rlstream.monitor import RunMonitor
+from runtime.rundir import RunDir
 from runtime import golive
 from runtime.progress import TIMELINE_FILE, write_state
 
@@ -18,7 +19,7 @@ class NoBroker:
 
 
 def actor_state(cfg, name: str, latencies_ms: list[float], pid: int = 1) -> None:
-    write_state(state_path(cfg, name), {"pid": pid, "steps": 0, "policy_latency_count": len(latencies_ms),
+    write_state(RunDir(cfg.run_dir).state_file(name), {"pid": pid, "steps": 0, "policy_latency_count": len(latencies_ms),
                                         "policy_latency_recent_ms": latencies_ms})
 
 

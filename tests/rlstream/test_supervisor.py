@@ -9,7 +9,7 @@ import signal
 import sys
 
 from config import BusConfig
-from rlstream.decoupled import Supervisor
+from rlstream.supervisor import Supervisor
 from rlstream.wiring import build_bus, build_events
 from runtime.ports import LIVENESS_PROBE, STARTUP_PROBE, Probe
 from tests.rlstream.conftest import make_policy, publish_version

@@ -9,8 +9,8 @@ import os
 import signal
 import sys
 
-from rlstream import decoupled
-from rlstream.decoupled import Supervisor
+from rlstream import supervisor
+from rlstream.supervisor import Supervisor
 from runtime.ports import LIVENESS_PROBE, Probe
 from tests.rlstream.test_supervisor import Events
 from tests.support import free_port, wait_for
@@ -43,14 +43,14 @@ def supervised(tmp_path, monkeypatch, teardown_s: float):
     """A supervisor with one ``learner`` child running ``FINISHING_CHILD``, every probe's detail
     recorded, the child answering its probes; returns (supervisor, events, details, done file)."""
     details: list[str] = []
-    real = decoupled.http_probe
+    real = supervisor.http_probe
 
     def recorded(url: str, timeout_s: float):
         ok, detail = real(url, timeout_s)
         details.append(detail)
         return ok, detail
 
-    monkeypatch.setattr(decoupled, "http_probe", recorded)
+    monkeypatch.setattr(supervisor, "http_probe", recorded)
     events = Events()
     sup = Supervisor(dict(os.environ), tmp_path, max_restarts=0, log=events, liveness=EVERY_CALL, startup=EVERY_CALL)
     port, done = free_port(), tmp_path / "done"
@@ -99,7 +99,7 @@ def test_a_child_whose_server_stays_closed_fails_after_the_grace(tmp_path, monke
         wait_for(killed, 60, "the child killed after the grace", every=0.02)
         assert child.returncode == -signal.SIGKILL
         assert sup.killed["learner"].startswith("liveness probe failed 3 times in a row")
-        assert decoupled.REFUSED in sup.killed["learner"]
+        assert supervisor.REFUSED in sup.killed["learner"]
         failed = [kw for ev, kw in events.lines if ev == "liveness_probe_failed"]
         assert [kw["failures"] for kw in failed] == [1, 2, 3]
     finally:

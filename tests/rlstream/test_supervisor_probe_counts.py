@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from rlstream import decoupled
-from rlstream.decoupled import Supervisor
+from rlstream import supervisor
+from rlstream.supervisor import Supervisor
 from runtime.ports import LIVENESS_PROBE, Probe
 
 #: Due at every ``probe()`` call: the answers, not the clock, are what is tested.
@@ -31,7 +31,7 @@ def test_failures_count_in_a_row_and_a_passing_probe_resets_them(tmp_path, monke
         ok = answers[len(asked) - 1]
         return ok, "HTTP 200" if ok else "HTTP 503: slow"
 
-    monkeypatch.setattr(decoupled, "http_probe", scripted)
+    monkeypatch.setattr(supervisor, "http_probe", scripted)
     sup = Supervisor(dict(os.environ), tmp_path, max_restarts=1, liveness=EVERY_CALL, startup=EVERY_CALL)
     sup.spawn("serve", [sys.executable, "-c", "import time; time.sleep(600)"], health_url="http://127.0.0.1:9/healthz")
     child = sup.procs["serve"]
