@@ -7,7 +7,7 @@ the single-process co-located run on the same settings as the baseline. Per run 
 
 - ``sps_steady``: samples trained per second by updates 2..N (GradientStep events; start-up left
   out), and ``sps_produced``: samples the actors published per second, first to last batch;
-- per-component figures for the model of docs/scaling.md: the learner's mean update time
+- per-component figures for the model of docs/howto/scale-out.md: the learner's mean update time
   (``learner_step_s``, from GradientStep start/finish; ``learner_capacity_sps`` = samples per
   update / that), one actor's own rate (``actor_sps``,
   steps / the time it spent collecting and publishing, waits left out), the sample bytes per record and the broker write rate per partition

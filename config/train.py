@@ -181,7 +181,7 @@ class TrainConfig:
     device: str = "cpu"
     """torch device of the learner: cpu, cuda, cuda:1, or one per rank, cuda:0,1,2,3."""
     learners: int | None = None
-    """Data-parallel learner ranks (docs/learners.md); None: one per device of ``device``."""
+    """Data-parallel learner ranks (docs/explanation/learner-ranks.md); None: one per device of ``device``."""
     grad_compression: str = "none"
     """Gradient all-reduce between ranks: none, fp16 or bf16 (torch's DDP compress hooks)."""
     redis_url: str | None = None

@@ -8,7 +8,7 @@ once per backward pass, all-reduces every gradient in one flat buffer before the
 and steps (so clipping sees the global gradient), through torch's DDP communication hooks
 (``allreduce`` or the ``fp16``/``bf16`` compress hooks).
 
-Batch agreement (docs/learners.md): every poll of every rank is one collective round, an
+Batch agreement (docs/explanation/learner-ranks.md): every poll of every rank is one collective round, an
 all-gather of (transitions buffered, paused, stop requested). An update starts on all ranks at
 once when the ranks together hold ``train_batch_size`` transitions; each rank trains exactly what
 it holds (possibly nothing: its partitions were quiet), and gradients are weighted by each rank's
@@ -165,7 +165,7 @@ class DataParallel:
     rank 0 publishes, and the start-up settling of the consumer group (``learner.ranks.Ranks``;
     a learner alone has ``SingleRank``)."""
 
-    follows_foreign_versions = False  # stop the group, roll back, restart it (docs/learners.md)
+    follows_foreign_versions = False  # stop the group, roll back, restart it (docs/explanation/learner-ranks.md)
 
     def __init__(self, algo: Any, rank: int, world: int, compression: str = "none",
                  stop: Callable[[], bool] | None = None, group: Any = None) -> None:

@@ -1,5 +1,5 @@
 """The learner's ranks, behind one interface: a learner alone (``SingleRank``) or one of N
-data-parallel ranks (``learner.distributed.DataParallel``, docs/learners.md). The learner core
+data-parallel ranks (``learner.distributed.DataParallel``, docs/explanation/learner-ranks.md). The learner core
 and shell call the same methods either way; a single rank answers them on its own.
 
     ranks = SingleRank(algo)                       # or DataParallel.from_env(algo, ...)
@@ -30,7 +30,7 @@ class Ranks(Protocol):
     """This rank writes the group's PolicyVersion and GradientStep events (rank 0)."""
     follows_foreign_versions: bool
     """A version of the policy published by another process (``rlstream rollback``) is adopted
-    (off while ranks run: docs/learners.md)."""
+    (off while ranks run: docs/explanation/learner-ranks.md)."""
     stopping: bool
     broken: bool
     uneven_updates: int

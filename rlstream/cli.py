@@ -89,7 +89,7 @@ def _add_training(p: argparse.ArgumentParser) -> None:
                    help="TensorBoard event files, one run per role (default: <run-dir>/tb; 'off' disables)")
     p.add_argument("--partitions", type=int, default=None,
                    help="partitions of the sample topics when they are created (keyed by actor id); "
-                        "existing topics with fewer are an error (docs/scaling.md); default 1")
+                        "existing topics with fewer are an error (docs/howto/scale-out.md); default 1")
     p.add_argument("--learner-group", default=None, metavar="NAME",
                    help="the learner's consumer group on rl.samples.prepared (scoped by the namespace); "
                         "every role of a run must agree (env RLSTREAM_LEARNER_GROUP; default: learner)")

@@ -146,7 +146,7 @@ def metrics_ports(names: list[str], host: str = "127.0.0.1") -> dict[str, int]:
 
 def write_scrape_targets(cfg: TrainConfig, ports: dict[str, int], host: str = "127.0.0.1") -> Path:
     """``<run_dir>/prometheus.targets.json``: every child's metrics endpoint with its role,
-    process and run labels, for a Prometheus ``file_sd_configs`` entry (docs/decoupled.md)."""
+    process and run labels, for a Prometheus ``file_sd_configs`` entry (docs/howto/operate.md)."""
     targets = [{"targets": [f"{host}:{port}"],
                 "labels": {"role": name.split("-")[0], "process": name, "run_id": cfg.effective_run_id(),
                            "namespace": cfg.bus.namespace}}

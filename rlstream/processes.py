@@ -148,7 +148,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
     _set_threads(cfg)
     stop = stop or threading.Event()
     metrics = metrics or Metrics(role="learner")
-    if rank.world_size > 1:  # one of N data-parallel ranks (docs/learners.md)
+    if rank.world_size > 1:  # one of N data-parallel ranks (docs/explanation/learner-ranks.md)
         device = distributed.parse_devices(cfg.device, cfg.learners or rank.world_size)[rank.local_rank]
         cfg = replace(cfg, device=device, tensorboard=cfg.tensorboard if rank.rank == 0 else None)
     bus = wiring.build_bus(cfg.bus)

@@ -370,7 +370,7 @@ class FewerPartitionsError(BusError):
     """A topic exists with fewer partitions than asked (``--partitions``). Kafka cannot shrink
     a topic, and adding partitions moves keys (actor ids) to other partitions, so per-actor order
     across the change would not hold: use a new namespace, or add them between runs on purpose
-    (``KafkaBus.add_partitions``; docs/scaling.md)."""
+    (``KafkaBus.add_partitions``; docs/howto/scale-out.md)."""
 
     def __init__(self, topic: str, have: int, want: int) -> None:
         super().__init__(
@@ -378,7 +378,7 @@ class FewerPartitionsError(BusError):
             f"start a new namespace (--namespace) for {want}, or add partitions to the existing "
             f"topic between runs (KafkaBus.add_partitions / kafka-topics.sh --alter --partitions {want}): "
             f"records already written stay where they are and new ones of a key may land on another "
-            f"partition, so per-actor order holds only after the change (docs/scaling.md)")
+            f"partition, so per-actor order holds only after the change (docs/howto/scale-out.md)")
         self.topic, self.have, self.want = topic, have, want
 
 
@@ -769,6 +769,10 @@ class KafkaBus(Bus):
     def log_end(self, topic: str, partition: int) -> int:
         """The partition's high watermark: the offset the next record will get."""
         return self._watermarks(topic, partition)[1]
+
+    def log_start(self, topic: str, partition: int) -> int:
+        """The partition's low watermark: its oldest offset still held (retention moves it up)."""
+        return self._watermarks(topic, partition)[0]
 
     def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         if self._meta is None:
