@@ -150,7 +150,7 @@ build_kafka() {
   local lib=$CACHE/kafka-$KAFKA_VERSION/lib dir=$STAGE/kafka
   if [ ! -d "$lib" ] || [ -z "$(ls -A "$lib")" ]; then
     log "kafka: fetch Apache Kafka $KAFKA_VERSION's jars"
-    RLSTREAM_CACHE=$CACHE python3 -m localkafka.broker fetch >&2
+    RLSTREAM_CACHE=$CACHE python3 -m localkafka fetch >&2
   fi
   rm -rf "$dir" && mkdir -p "$dir/libs"
   cp compose/images/kafka/* "$dir/"

@@ -1,7 +1,7 @@
 """The process environment: every variable rlstream reads, named once and read once.
 
 This module is the only reader of ``os.environ`` in rlstream (``tests/test_layers.py`` checks).
-An entry point (``rlstream.cli``, the Faust entry, ``python -m streams.worker``, a bench script,
+An entry point (``rlstream.cli``, the Faust entry, ``python -m rlstream.entry worker``, a bench script,
 ``localkafka``'s CLI) calls ``Environment.read()`` once and passes the typed values down; nothing
 deeper looks at the environment. Standard library only: ``localkafka`` uses it before the package
 is installed.
@@ -39,7 +39,7 @@ ENV_AWS_SESSION_TOKEN = "AWS_SESSION_TOKEN"
 ENV_RUN_ID = "RLSTREAM_RUN_ID"
 #: Actor index (its id is ``actor-<index>``), set per pod from the StatefulSet ordinal.
 ENV_ACTOR_INDEX = "RLSTREAM_ACTOR_INDEX"
-#: Stream processors started without a run config (the Faust worker, ``python -m streams.worker``):
+#: Stream processors started without a run config (the Faust worker, ``python -m rlstream.entry worker``):
 #: staleness window (versions, ms, ``drop``/``downweight``), reorder timeout, algorithm, policy.
 ENV_STALENESS_K = "RLSTREAM_STALENESS_K"
 ENV_STALENESS_MS = "RLSTREAM_STALENESS_MS"

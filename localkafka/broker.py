@@ -8,7 +8,7 @@ single-node cluster by default, or one node of an N-node cluster
 dependencies are installed), never a sleep.
 
 Standard library only: it must run before the package's dependencies are
-installed (``python3 -m localkafka.broker start`` from the repo root).
+installed (``python3 -m localkafka start`` from the repo root: ``localkafka/__main__.py``).
 
 Command line (``localkafka.cli``)::
 
@@ -1087,7 +1087,7 @@ class LocalKafka:
                 f"data_dir='{self.data_dir}')")
 
 
-if __name__ == "__main__":  # python3 -m localkafka.broker ... (the command line is localkafka.cli's)
-    from localkafka.cli import main
-
-    sys.exit(main())
+if __name__ == "__main__":  # the command line moved to localkafka/__main__.py (no import of cli here)
+    print("python3 -m localkafka.broker moved: run python3 -m localkafka (fetch, start, stop, status)",
+          file=sys.stderr)
+    sys.exit(2)

@@ -1,5 +1,5 @@
 """The command line of the local Kafka manager: ``rlstream broker`` and ``python3 -m
-localkafka.broker`` (fetch, start, stop, status of one node or, with ``--nodes N``, a local
+localkafka`` (fetch, start, stop, status of one node or, with ``--nodes N``, a local
 cluster; see ``localkafka.broker`` and ``localkafka.cluster``). Standard library only.
 
 Where the data goes: ``--data-dir``, else ``<cache>/kafka-<ver>/data-<port>`` for one node and

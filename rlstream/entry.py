@@ -3,14 +3,18 @@
 
 - ``faust_app()``: the app of ``faust -A streams worker`` (``streams.app`` resolves to it, so
   importing ``streams.faust_app`` builds nothing);
-- ``streams_worker()``: ``python -m streams.worker``, the in-process processor shell as a process
-  on Kafka. Runs until SIGTERM/SIGINT, then prints one ``{"summary": ...}`` line.
+- ``streams_worker()``: ``python -m rlstream.entry worker``, the in-process processor shell as a
+  process on Kafka. Runs until SIGTERM/SIGINT, then prints one ``{"summary": ...}`` line.
+
+The entry points live here, not in ``__main__`` blocks of the lower layers, so no module below
+the composition root imports it (docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import json
 import signal
+import sys
 import threading
 from typing import Any
 
@@ -30,7 +34,7 @@ def faust_app() -> Any:
 
 
 def streams_worker() -> int:
-    """``python -m streams.worker``: settings as the Faust worker's (``StreamsSettings``)."""
+    """``python -m rlstream.entry worker``: settings as the Faust worker's (``StreamsSettings``)."""
     from config import Environment
     from rlstream.wiring import build_streams_worker
     from streams.settings import StreamsSettings
@@ -45,3 +49,20 @@ def streams_worker() -> int:
         bus.close()
     print(json.dumps({"summary": worker.core.summary()}, sort_keys=True, default=str), flush=True)
     return 0
+
+
+#: ``python -m rlstream.entry NAME``: the processes started this way
+COMMANDS = {"worker": streams_worker}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rlstream.entry worker``; anything else prints the usage and returns 2."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or args[0] not in COMMANDS:
+        print(f"usage: python -m rlstream.entry {{{','.join(COMMANDS)}}}", file=sys.stderr)
+        return 2
+    return COMMANDS[args[0]]()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

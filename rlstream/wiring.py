@@ -184,7 +184,7 @@ def streams_bus(settings: StreamsSettings, client_id: str) -> Bus:
 
 
 def build_streams_worker(settings: StreamsSettings, metrics: Metrics | None = None):
-    """``python -m streams.worker``: the in-process shell as a process on Kafka, assembled as the
+    """``python -m rlstream.entry worker``: the in-process shell as a process on Kafka, assembled as the
     Faust worker is (claim-check store, schema-resolving codec). Returns the worker and its bus."""
     from streams.worker import PrepareWorker
 

@@ -1,4 +1,4 @@
-"""Settings of a stream-processor process (the Faust worker, ``python -m streams.worker``): typed,
+"""Settings of a stream-processor process (the Faust worker, ``python -m rlstream.entry worker``): typed,
 made once at its entry point from a run config (``config.TrainConfig``) or the environment
 (``config.Environment``), and passed to the composition root (``rlstream.wiring``)."""
 

@@ -21,6 +21,7 @@ where the other stopped. A bad record of rl.policy.versions is skipped and count
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Any
@@ -153,7 +154,6 @@ class PrepareWorker:
                 pass
 
 
-if __name__ == "__main__":  # an entry point: the composition root assembles the process
-    from rlstream.entry import streams_worker
-
-    raise SystemExit(streams_worker())
+if __name__ == "__main__":  # moved up, to the composition root (no import reaches up from here)
+    print("python -m streams.worker moved: run python -m rlstream.entry worker", file=sys.stderr)
+    raise SystemExit(2)

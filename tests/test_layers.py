@@ -1,6 +1,7 @@
 """The package layers of docs/architecture.md, read from the source (ast, nothing imported):
 no package imports one above it, ``streams/policies.py`` sits below every role, and no two
-modules import each other, directly or round a circle (lazy imports inside functions count)."""
+modules import each other, directly or round a circle (lazy imports inside functions and
+``if __name__ == "__main__":`` blocks count: an entry point there is an import like any other)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ PACKAGES = tuple(MAY_IMPORT)
 
 #: Entry hooks: a package's name that an outside program resolves reaches the composition root
 #: (docs/architecture.md): ``faust -A streams worker`` takes ``streams.app``. Nothing else may
-#: point upward (a module's ``if __name__ == "__main__":`` block is an entry point and not counted).
+#: point upward, ``__main__`` blocks included: entry points live in ``rlstream.entry`` and
+#: ``localkafka/__main__.py``.
 ENTRY_HOOKS: set[tuple[str, str]] = {("streams", "rlstream.entry")}
 
 #: the policy layer: below every role, above the bus
@@ -62,13 +64,10 @@ def _resolve(name: str, modules: dict[str, Path]) -> str | None:
 
 
 def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """First-party modules ``module`` imports, at module level or lazily."""
+    """First-party modules ``module`` imports: at module level, lazily, or in its ``__main__`` block."""
     is_pkg = path.name == "__init__.py"
     out = set()
     tree = ast.parse(path.read_text(), str(path))
-    for node in ast.walk(tree):
-        if _is_main_block(node):
-            node.body = []  # an entry point's own imports
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -86,12 +85,6 @@ def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
             if target is not None and target != module:
                 out.add(target)
     return out
-
-
-def _is_main_block(node: ast.AST) -> bool:
-    return (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
-            and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"
-            and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in node.test.comparators))
 
 
 @functools.cache
@@ -185,6 +178,21 @@ def test_the_checks_see_what_they_forbid():
     assert _imports("learner.x", ROOT / "learner" / "learner.py", modules) >= {"streams.policies", "agents.core"}
     assert MAY_IMPORT["config"] == set() and "config" in MAY_IMPORT["agents"]
     assert "rlstream.entry" in _graph()["streams"]  # the one entry hook is seen, and allowed by name
+
+
+def test_an_import_in_a_main_block_counts(tmp_path):
+    """An entry point's ``__main__`` block is an import like any other: the two circles it made
+    (``localkafka.broker`` -> ``localkafka.cli`` -> ``localkafka.broker``; ``streams.worker`` ->
+    ``rlstream.entry`` -> ``rlstream.wiring`` -> ``streams.worker``) would be seen."""
+    (tmp_path / "broker.py").write_text('import sys\n\nif __name__ == "__main__":\n    from cli import main\n'
+                                        '\n    sys.exit(main())\n')
+    (tmp_path / "cli.py").write_text("import broker\n")
+    modules = {"broker": tmp_path / "broker.py", "cli": tmp_path / "cli.py"}
+    graph = {m: _imports(m, p, modules) for m, p in modules.items()}
+    assert graph == {"broker": {"cli"}, "cli": {"broker"}}
+    assert _cycles(graph) == [["broker", "cli"]]
+    assert "localkafka.cli" in _graph()["localkafka.__main__"]  # the broker's command line, from the top
+    assert "rlstream.entry" not in _graph()["streams.worker"] and "localkafka.cli" not in _graph()["localkafka.broker"]
 
 
 def test_no_package_imports_the_composition_root():

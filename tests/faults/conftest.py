@@ -12,7 +12,7 @@ topic and group names (``streams.topics``), so nothing is shared between tests.
 
 ``Rig`` runs the roles the way production does, each as a process of the real entry point
 (``rlstream learner``, ``rlstream actor``, and either processor shell: ``faust -A streams
-worker`` or the in-process one, ``python -m streams.worker``), so a fault is a real
+worker`` or the in-process one, ``python -m rlstream.entry worker``), so a fault is a real
 signal to a real process (SIGKILL; SIGSTOP to hold one still at a chosen moment) or a stopped
 broker; nothing inside a role is patched. ``Ledger`` reads the topics afterwards and does the
 accounting.
@@ -107,7 +107,7 @@ def private_kafka(tmp_path_factory):
 #: The processor shells the rig can run, by name: the command after ``python``.
 SHELL_CMDS = {"faust": ["-m", "faust", "-A", "streams", "--datadir", "{datadir}", "worker", "-l", "info",
                         "--web-port", "{port}"],
-              "worker": ["-m", "streams.worker"]}
+              "worker": ["-m", "rlstream.entry", "worker"]}
 
 
 class StreamsProcesses:

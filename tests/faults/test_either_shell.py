@@ -1,5 +1,5 @@
 """The fault rig over either processor shell (``conftest.SHELL_CMDS``): the Faust worker and the
-in-process worker as a process (``python -m streams.worker``). The shell is SIGKILLed mid-run and
+in-process worker as a process (``python -m rlstream.entry worker``). The shell is SIGKILLed mid-run and
 restarted; every committed SampleBatch is trained exactly once either way."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The three processor shells are assembled in one place (``rlstream.wiring``) and so agree:
-the in-process worker, ``python -m streams.worker`` and ``faust -A streams worker``, each
+the in-process worker, ``python -m rlstream.entry worker`` and ``faust -A streams worker``, each
 configured only through the environment, on a real broker and a real Redis.
 
 One scenario: the policy versions go by claim check (weights in Redis, the record carries a
@@ -113,7 +113,7 @@ def test_every_shell_weights_claim_checked_policies_and_reads_a_schema_added_aft
             worker, worker_bus = build_streams_worker(settings)
             step = lambda: worker.step(0.1)  # noqa: E731
         elif shell == "worker-process":
-            procs.start(shell, [sys.executable, "-m", "streams.worker"])
+            procs.start(shell, [sys.executable, "-m", "rlstream.entry", "worker"])
             step = lambda: None  # noqa: E731
         else:
             port = free_port()
