@@ -582,7 +582,7 @@ def cmd_replay(a: argparse.Namespace) -> int:
     out = dpo_run_dir(a) if a.train_dpo else a.out
     try:
         summary = run_replay(bus, topic=a.topic, segment=a.segment, train=a.train_dpo, beta=a.beta,
-                             epochs=a.epochs, out=out, blob_store=_tool_blobs(a))
+                             epochs=a.epochs, blob_store=_tool_blobs(a), **({"out": out} if out is not None else {}))
     except BaseException:
         if out is not None and a.out is None and [p.name for p in out.iterdir()] == ["run.json"]:
             import shutil

@@ -171,3 +171,12 @@ def test_the_decoupled_verdict_merges_every_actor(tmp_path: Path) -> None:
     assert out["plot"] == str(tmp_path / "returns.png") and (tmp_path / "returns.png").stat().st_size > 0
     line = verdict({"mode": "decoupled", **out})
     assert f"-> {sum(merged['returns']) / 6:.1f} (last 20 episodes); plot: {tmp_path}/returns.png" in line
+
+
+def test_a_replay_without_dpo_makes_no_run(two_runs) -> None:
+    cwd, (first, _) = two_runs
+    before = sorted(os.listdir(cwd / "runs"))
+    r = rlstream(cwd, "replay", "--log-dir", f"runs/{first}/log", "--topic", "rl.samples.raw", "--segment", "16")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["summary"]["pairs_built"] > 0
+    assert sorted(os.listdir(cwd / "runs")) == before
