@@ -33,14 +33,6 @@ from streams.topics import SAMPLES_RAW, STREAMS_GROUP
 RECENT_LATENCIES = 256
 
 
-def _consumer_lag_gauge(metrics: Metrics, bus, group: str, topic: str):
-    def lag() -> float:
-        value = float(bus.group_lag(group, topic))
-        metrics.set_consumer_lag(group, topic, value)
-        return value
-    return lag
-
-
 def _set_threads(cfg: TrainConfig) -> None:
     import torch
 
@@ -155,9 +147,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
     events = wiring.build_events(bus, metrics)
     info = wiring.env_info(cfg)
     algo = wiring.build_algo(cfg, info.obs_dim, info.act_dim, info.nvec)
-    parallel = None
-    if rank.world_size > 1:
-        parallel = distributed.DataParallel.from_env(algo, rank, cfg.grad_compression, stop=stop.is_set)
+    parallel = wiring.build_data_parallel(cfg, algo, rank, stop)
     last_update = [time.monotonic()]
     gpu = GpuSampler()  # the learner is the role that holds the GPU
 
@@ -168,7 +158,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
     progress = Progress(total_steps=cfg.total_steps, log_every_s=cfg.log_every_s, log=log, extra=idle,
                         state_path=RunDir(cfg.run_dir).state_file(role))
     breaker = wiring.build_backlog_breaker(cfg, metrics)
-    lag = _consumer_lag_gauge(metrics, bus, STREAMS_GROUP, SAMPLES_RAW)
+    lag = wiring.consumer_lag_gauge(metrics, bus, STREAMS_GROUP, SAMPLES_RAW)
     tb = TensorBoardRun(cfg.tensorboard, cfg.effective_run_id(), "learner")
 
     def on_update(learner, m, seconds) -> None:

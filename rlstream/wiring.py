@@ -3,6 +3,7 @@ and never imports another role. Co-located and decoupled mode use the same build
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from actor.identity import actor_seed
 from actor.policy_client import PolicySubscriber
 from actor.rollout_process import RolloutProcess
 from config import BusConfig, PrepareConfig, TrainConfig
+from config.env import RankEnv
 from learner.learner import Learner, LearnerConfig
 from learner.minibatch import MINIBATCH_SIZES, MinibatchController
 from learner.replay import ReplayCache, ReplayConfig
@@ -229,6 +231,25 @@ def build_policy_breaker(cfg: TrainConfig, metrics: Metrics | None):
         return None
     return CircuitBreaker(open_above=bound, close_below=bound / 2, min_open_s=1.0,
                           on_change=metrics.circuit_breaker_hook() if metrics is not None else None)
+
+
+def build_data_parallel(cfg: TrainConfig, algo, rank: RankEnv, stop: threading.Event):
+    """The learner's data-parallel group when ``rank`` is one of several
+    (``learner.distributed.DataParallel``, docs/explanation/learner-ranks.md); None alone."""
+    if rank.world_size <= 1:
+        return None
+    from learner import distributed
+
+    return distributed.DataParallel.from_env(algo, rank, cfg.grad_compression, stop=stop.is_set)
+
+
+def consumer_lag_gauge(metrics: Metrics, bus: Bus, group: str, topic: str):
+    """The decoupled learner's lag signal: ``group``'s lag on ``topic``, also set as a metric."""
+    def lag() -> float:
+        value = float(bus.group_lag(group, topic))
+        metrics.set_consumer_lag(group, topic, value)
+        return value
+    return lag
 
 
 def build_learner(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, algo, on_update=None,

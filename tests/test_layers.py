@@ -251,3 +251,57 @@ def test_importing_the_faust_app_touches_neither_network_nor_disk(tmp_path):
             if not e[1].startswith(("/dev/", "/proc/", "/sys/"))]  # library probes of the machine
     assert seen == [], seen
     assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+
+
+#: Where the roles and components are defined: every class of these modules is built by
+#: ``rlstream/wiring.py`` alone (the composition root; docs/architecture.md).
+COMPONENT_MODULES = ("actor", "learner", "streams.worker", "streams.faust_app", "streams.shell",
+                     "streams.processors", "streams.policy", "streams.blobcache", "streams.offsets",
+                     "streams.events")
+
+
+def _component_classes(root: Path = ROOT) -> set[str]:
+    """Names of the classes defined in ``COMPONENT_MODULES`` under ``root``."""
+    out = set()
+    for mod in COMPONENT_MODULES:
+        base = root.joinpath(*mod.split("."))
+        paths = sorted(base.rglob("*.py")) if base.is_dir() else [base.with_suffix(".py")]
+        for path in paths:
+            out |= {n.name for n in ast.walk(ast.parse(path.read_text(), str(path))) if isinstance(n, ast.ClassDef)}
+    return out
+
+
+def _constructor_calls(path: Path, classes: set[str]) -> list[str]:
+    """``file:line name`` of each call in ``path`` whose dotted callee names one of ``classes``:
+    ``Learner(...)``, ``distributed.DataParallel.from_env(...)``, ``CircuitBreaker(...)``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        parts, f = [], node.func
+        while isinstance(f, ast.Attribute):
+            parts.append(f.attr)
+            f = f.value
+        if isinstance(f, ast.Name):
+            parts.append(f.id)
+        if classes & set(parts):
+            out.append(f"{path.relative_to(path.parents[1])}:{node.lineno} {'.'.join(reversed(parts))}")
+    return out
+
+
+def _rlstream_builders(root: Path = ROOT) -> list[str]:
+    classes = _component_classes(root)
+    return [hit for path in sorted((root / "rlstream").glob("*.py")) if path.name != "wiring.py"
+            for hit in _constructor_calls(path, classes)]
+
+
+def test_only_wiring_builds_roles_and_components():
+    """No module of ``rlstream/`` but ``wiring.py`` calls a role's or a component's constructor
+    (``Learner(``, ``Actor(``, ``DataParallel.from_env(``, ``CircuitBreaker(``, the shells):
+    the drivers and process bodies ask ``wiring`` for them."""
+    classes = _component_classes()
+    assert {"Learner", "Actor", "DataParallel", "CircuitBreaker", "PrepareWorker", "StreamsApp", "ShellCore",
+            "Prepare", "PolicySubscriber", "LearnerGate"} <= classes
+    assert any("DataParallel.from_env" in hit for hit in _constructor_calls(ROOT / "rlstream" / "wiring.py", classes))
+    bad = _rlstream_builders()
+    assert not bad, "built outside rlstream/wiring.py: " + ", ".join(bad)

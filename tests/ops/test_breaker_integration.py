@@ -19,7 +19,7 @@ import torch
 from agents.registry import make_algorithm
 from learner.circuit_breaker import CircuitBreaker, State
 from learner.learner import Learner, LearnerConfig
-from rlstream.processes import _consumer_lag_gauge
+from rlstream.wiring import consumer_lag_gauge
 from runtime.metrics import Metrics
 from schemas.codec import Codec
 from schemas.events import SampleBatch, new_id, now_ms
@@ -90,7 +90,7 @@ def test_backlog_opens_the_breaker_pauses_updates_and_training_resumes_after_it_
         hook(old, new)
 
     breaker = CircuitBreaker(OPEN_ABOVE, CLOSE_BELOW, MIN_OPEN_S, clock=clock, on_change=on_change)
-    lag = _consumer_lag_gauge(metrics, bus, STREAMS_GROUP, SAMPLES_RAW)
+    lag = consumer_lag_gauge(metrics, bus, STREAMS_GROUP, SAMPLES_RAW)
     algo = make_algorithm("ppo", OBS, ACT, {"num_minibatches": 1, "update_epochs": 1}, "cpu")
     learner = Learner(LearnerConfig(train_batch_size=T * N, snapshot_every=0), algo, events,
                       breaker=breaker, lag_signal=lag)
