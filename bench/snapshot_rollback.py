@@ -39,7 +39,7 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the repository root: tests.support.s3 (the local moto server)
+sys.path.insert(0, str(ROOT))  # the repository root: testbed.s3 (the local moto server)
 
 import torch  # noqa: E402
 
@@ -150,7 +150,7 @@ def main() -> None:
     base_env["RLSTREAM_BLOB_CACHE"] = "off"
     server = None
     if args.endpoint_url is None:
-        from tests.support.s3 import MotoServer
+        from testbed.s3 import MotoServer
 
         server = MotoServer()
         obj = server.config()

@@ -2,7 +2,7 @@
 PolicyVersion at ``--actors`` subscribers spread over ``--hosts`` hosts, each host with its own
 blob cache, next to the same run on one host (the peer figure).
 
-Each layout gets a fresh private network (``tests/support/netns.py``: namespaces on one switch;
+Each layout gets a fresh private network (``testbed/netns.py``: namespaces on one switch;
 root needed): the Kafka broker, a Redis (the claim-check store) and the learner each on a host of
 their own, and ``--procs-per-host`` subscriber processes on every actor host, each holding
 ``--actors / (hosts * procs-per-host)`` ``PolicySubscriber`` threads (``bench/weightsync.py``'s
@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 import weightsync  # noqa: E402
 from streams.policies import DEFAULT_CLAIM_CHECK_ABOVE  # noqa: E402
-from tests.support import netns  # noqa: E402
+from testbed import netns  # noqa: E402
 
 
 def _learner(learner_ns: str, params: int, args: argparse.Namespace, redis_url: str, placement, out) -> None:

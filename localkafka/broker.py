@@ -263,7 +263,7 @@ def server_properties(
     host: str = HOST,
 ) -> dict[str, str]:
     """Settings for a combined broker+controller listening on and advertising ``host``
-    (127.0.0.1 unless told: a simulated host's address in ``tests/support/netns.py``).
+    (127.0.0.1 unless told: a simulated host's address in ``testbed/netns.py``).
 
     ``voters`` is KRaft's ``controller.quorum.voters`` of every node of the cluster
     (``id@host:controller_port,...``); None: this node alone. The internal topics' replication

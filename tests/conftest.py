@@ -34,7 +34,7 @@ import uuid
 import pytest
 
 from streams.topics import TopicSpec
-from tests.support.ports import free_port_pair
+from testbed.ports import free_port_pair
 
 pytest_plugins = ("tests.support.reaper", "tests.support.services")
 

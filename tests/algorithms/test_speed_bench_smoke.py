@@ -107,9 +107,9 @@ def test_snapshot_rollback_bench_times_the_s3_store_beside_the_file_store():
 
 @pytest.mark.kafka
 def test_weightsync_hosts_bench_fills_each_host_cache_once():
-    """Across 2 simulated hosts (tests/support/netns.py: root, ip, nft), each host's blob cache is
+    """Across 2 simulated hosts (testbed/netns.py: root, ip, nft), each host's blob cache is
     filled once per version (two store reads), on one host once."""
-    from tests.support import netns
+    from testbed import netns
 
     why = netns.unavailable()
     if why is not None:

@@ -31,7 +31,7 @@ from schemas.events import DeadLetter, GradientStep, PolicyVersion, PreparedBatc
 from streams.bus.kafka import KafkaBus
 from streams.topics import DEADLETTER, LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW, STREAMS_GROUP
 from tests.support.kafka import committed
-from tests.support.ports import free_ports
+from testbed.ports import free_ports
 
 from .conftest import COMPOSE, wait_for
 

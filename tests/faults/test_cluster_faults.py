@@ -38,7 +38,7 @@ from config.bus import Replication
 from schemas.codec import Codec
 from streams.topics import LEARNER_GROUP, LEARNER_STEPS, SAMPLES_PREPARED, SAMPLES_RAW, Namespace
 from tests.support.kafka import committed
-from tests.support.ports import free_port
+from testbed.ports import free_port
 from tests.support.reaper import ENV as REAPER_MARK, mark_as
 
 from .conftest import FRAGMENT, Ledger, Rig, TopicCounter, wait_for

@@ -1,4 +1,4 @@
-"""Simulated hosts for the decoupled roles (``tests.support.netns``): a namespace per host on one
+"""Simulated hosts for the decoupled roles (``testbed.netns``): a namespace per host on one
 private switch, the Kafka broker on its own host, listening on and advertising that host's
 address, and a ``Rig`` (``tests/faults/conftest.py``) whose roles each run on their host.
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.faults.conftest import Rig
-from tests.support import netns
+from testbed import netns
 
 HOSTS = ("kafka", "learner", "streams", "actor-0", "actor-1")
 KAFKA_PORT = 9092  # free (and 9093, its controller's): the broker's namespace holds nothing else

@@ -1,4 +1,4 @@
-"""The simulated-host harness itself (``tests.support.netns``), with plain sockets: hosts reach
+"""The simulated-host harness itself (``testbed.netns``), with plain sockets: hosts reach
 each other and this process by their addresses, a partition silences a host and heal brings it
 back, loss drops frames, delay holds each packet, and nothing is left behind."""
 
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from tests.support import netns
-from tests.support.wait import wait_for
+from testbed import netns
+from testbed.wait import wait_for
 
 ECHO = """
 import socket

@@ -6,7 +6,7 @@ persistence) for the session and kills it afterwards; otherwise the test is
 skipped, except when ``CI=true``, where a missing Redis fails the run.
 
 S3: ``moto_s3`` is a real S3-compatible server, moto's server mode, started as its own process
-on a free port for the session and killed afterwards (``tests.support.s3.MotoServer``);
+on a free port for the session and killed afterwards (``testbed.s3.MotoServer``);
 ``s3_bucket`` a fresh bucket on it. Without moto or s3fs installed the test is skipped, except
 when ``CI=true``.
 """
@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from tests.support import free_port, wait_for
-from tests.support.s3 import MotoServer, moto_available
+from testbed.s3 import MotoServer, moto_available
 
 torch.set_num_threads(1)
 

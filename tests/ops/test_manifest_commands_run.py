@@ -30,7 +30,7 @@ import yaml
 from config.env import ENV_MIN_INSYNC_REPLICAS, ENV_REPLICATION_FACTOR
 from tests.faults.conftest import private_kafka  # noqa: F401 (fixture)
 from tests.support import Role, wait_for
-from tests.support.ports import free_port
+from testbed.ports import free_port
 
 from .test_manifests import COMPOSE, K8S, ROOT, config_map, load_yaml_docs, pod_env, role_of, rlstream_services
 

@@ -27,7 +27,7 @@ from config.storage import ObjectStoreConfig
 from config.train import default_cache_dir
 from rlstream.decoupled import child_config, child_env, run_decoupled
 from streams.topics import SAMPLES_RAW, Retention
-from tests.support.wait import wait_for
+from testbed.wait import wait_for
 
 pytestmark = pytest.mark.kafka
 

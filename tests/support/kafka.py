@@ -6,7 +6,7 @@ from __future__ import annotations
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from tests.support.wait import wait_for
+from testbed.wait import wait_for
 
 
 def leaders_ready(bootstrap: str, topics, timeout: float = 60.0) -> None:

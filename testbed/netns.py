@@ -17,7 +17,7 @@ Impairments, each on the wire or in the host's kernel, never inside a role:
   (a pulled cable: the host's own stack sees no error, only silence);
 * ``host.delay(ms)``: ``tc netem`` on the host's interface where the kernel has ``sch_netem``;
   else the host's outgoing packets go to an NFQUEUE (iptables, ``-j NFQUEUE --queue-bypass``)
-  served by ``tests.support.nfqdelay``, which holds each ``ms`` in the host's namespace and
+  served by ``testbed.nfqdelay``, which holds each ``ms`` in the host's namespace and
   then accepts it. ``DELAY_METHOD`` says which; ``None`` when neither works.
 
 Names carry this process's pid (``rls<pid>-<host>``), so parallel sessions never clash.
@@ -43,10 +43,12 @@ import sys
 import time
 from pathlib import Path
 
+from config.env import Environment
+
 PREFIX = "rls"  # namespace names: rls<pid>-<host>; the switch is rls<pid>-sw
 SUBNET_BASE = "10.213"
 CLONE_NEWNET = 0x40000000
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(*argv: str, check: bool = True, ns: str | None = None, input: str | None = None) -> str:
@@ -233,9 +235,9 @@ class Host:
             self.run("tc", "qdisc", "replace", "dev", "eth0", "root", "netem", "delay", f"{ms}ms")
         elif method == "nfqueue":
             self.delayer = subprocess.Popen(
-                self.cmd([sys.executable, "-m", "tests.support.nfqdelay", "--queue", "0", "--delay-ms", str(ms)]),
+                self.cmd([sys.executable, "-m", "testbed.nfqdelay", "--queue", "0", "--delay-ms", str(ms)]),
                 cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                env={**os.environ, "PYTHONPATH": str(ROOT)})
+                env=Environment.read().child({"PYTHONPATH": str(ROOT)}))
             line = self.delayer.stdout.readline()  # bound first: no packet waits on a queue nobody reads
             if '"bound": true' not in line:
                 raise RuntimeError(f"nfqdelay on {self.ns} did not bind: {line}{self.delayer.stdout.read()}")

@@ -1,4 +1,4 @@
-"""The one way a test waits: a condition polled until a deadline."""
+"""The one way a test or a bench waits: a condition polled until a deadline."""
 
 from __future__ import annotations
 

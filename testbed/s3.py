@@ -1,4 +1,4 @@
-"""A real S3-compatible server for tests and bench/: moto's server mode (``python -m moto.server``)
+"""A real S3-compatible server for the tests and bench/: moto's server mode (``python -m moto.server``)
 as its own process, in its own session, on a free port of 127.0.0.1.
 
     with MotoServer() as s3:            # ended (the whole process group) pass or fail
@@ -19,9 +19,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from config.env import Environment
 from config.storage import ObjectStoreConfig
-from tests.support.ports import free_port
-from tests.support.wait import wait_for
+from testbed.ports import free_port
+from testbed.wait import wait_for
 
 #: moto takes any credentials; these are what every client of the server signs with.
 ACCESS_KEY, SECRET_KEY, REGION = "testing-key", "testing-secret", "eu-west-1"
@@ -44,7 +45,7 @@ class MotoServer:
         self.endpoint_url = f"http://127.0.0.1:{self.port}"
         self.log = log or Path(tempfile.mkdtemp(prefix="moto-")) / "moto.log"
         self._out = self.log.open("ab")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env = {k: v for k, v in Environment.read().values.items() if not k.startswith("AWS_")}
         self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
                                      stdout=self._out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:

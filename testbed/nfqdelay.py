@@ -6,9 +6,9 @@ never leave the kernel (metadata copy only); order is kept (one constant delay, 
 Raw netlink, standard library only. Verdicts are batched: an accept for packet id ``i``
 accepts every queued id up to ``i`` (``NFQNL_MSG_VERDICT_BATCH``), so a notification the
 socket dropped under load cannot strand its packet. Run inside the namespace whose nftables
-queue it serves (``tests.support.netns.Host.delay``)::
+queue it serves (``testbed.netns.Host.delay``)::
 
-    python -m tests.support.nfqdelay --queue 0 --delay-ms 2
+    python -m testbed.nfqdelay --queue 0 --delay-ms 2
 
 Prints one JSON line ``{"nfqdelay": {...}}`` when bound and, on SIGTERM, its counts.
 """
