@@ -86,7 +86,8 @@ def released(directory: Path = RELEASED_DIR) -> list[Version]:
     return out
 
 
-def history(registry: SchemaRegistry | None = None, released_dir: Path | None = RELEASED_DIR) -> dict[str, list[Version]]:
+def history(registry: SchemaRegistry | None = None,
+            released_dir: Path | None = RELEASED_DIR) -> dict[str, list[Version]]:
     """Every distinct schema (by fingerprint) of every record, oldest version first."""
     registry = registry or SchemaRegistry()
     seen: dict[str, Version] = {}
