@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
+import sys
 import time
 from pathlib import Path
 
@@ -36,16 +36,19 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlstream.colocated import run_colocated
-from config import BusConfig, TrainConfig
-from streams.policies import load_policy, policy_from_arch
-from logtools.replay import run_replay
-from schemas.events import PolicyVersion
-from schemas.weights import decode_weights
-from streams.bus import make_bus
-from streams.events import EventBus
-from schemas.codec import Codec
-from streams.topics import POLICY_VERSIONS
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.common
+
+from bench.common import binned_mean, host_info, mean_std, pyplot, save_figure, timed  # noqa: E402
+from rlstream.colocated import run_colocated  # noqa: E402
+from config import BusConfig, TrainConfig  # noqa: E402
+from streams.policies import load_policy, policy_from_arch  # noqa: E402
+from logtools.replay import run_replay  # noqa: E402
+from schemas.events import PolicyVersion  # noqa: E402
+from schemas.weights import decode_weights  # noqa: E402
+from streams.bus import make_bus  # noqa: E402
+from streams.events import EventBus  # noqa: E402
+from schemas.codec import Codec  # noqa: E402
+from streams.topics import POLICY_VERSIONS  # noqa: E402
 
 # row name -> (algo, TrainConfig overrides, algorithm overrides)
 CASES = {
@@ -103,9 +106,7 @@ def train_one(name: str, env_id: str, steps: int, seed: int, out: Path, episodes
     cfg = TrainConfig(algo=algo, env_id=env_id, total_steps=steps, seed=seed, run_dir=run_dir, log_every_s=1e9,
                       snapshot_every=0, metrics_port=-1, algo_overrides=overrides, preset=preset,
                       bus=BusConfig(log_dir=str(run_dir / "log")), **run)
-    t0 = time.perf_counter()
-    summary = run_colocated(cfg)
-    wall = time.perf_counter() - t0
+    summary, wall = timed(run_colocated, cfg)
     returns = json.loads((run_dir / "curve.json").read_text())["returns"]
     versions = policy_versions(run_dir / "log")
     final = versions[max(versions)]
@@ -171,19 +172,14 @@ def dpo_one(ppo: dict, env_id: str, episodes: int, beta: float, epochs: int, seg
             "wall_s": round(wall, 1)}
 
 
-def _ms(xs: list[float]) -> dict:
-    xs = [x for x in xs if x is not None]
-    return {"mean": round(float(np.mean(xs)), 1), "std": round(float(np.std(xs)), 1)} if xs else {}
-
-
 def table(runs: list[dict], dpos: list[dict]) -> tuple[list[dict], str]:
     rows = []
     for name in dict.fromkeys(r["name"] for r in runs):
         rs = [r for r in runs if r["name"] == name]
         rows.append({"name": name, "seeds": [r["seed"] for r in rs], "run": rs[0]["run"],
-                     "train_last20": _ms([r["train_last20"] for r in rs]), "eval": _ms([r["eval"] for r in rs]),
-                     "updates": _ms([r["updates"] for r in rs]), "wall_s": _ms([r["wall_s"] for r in rs]),
-                     "sps": _ms([r["sps"] for r in rs])})
+                     "train_last20": mean_std([r["train_last20"] for r in rs]), "eval": mean_std([r["eval"] for r in rs]),
+                     "updates": mean_std([r["updates"] for r in rs]), "wall_s": mean_std([r["wall_s"] for r in rs]),
+                     "sps": mean_std([r["sps"] for r in rs])})
     ppo_eval = next((r["eval"]["mean"] for r in rows if r["name"] == "ppo"), None)
     lines = ["| algorithm | envs x group, fragment, batch | train return (last 20) | eval return | vs PPO eval "
              "| updates | wall s | SPS |", "|---|---|---|---|---|---|---|---|"]
@@ -196,10 +192,10 @@ def table(runs: list[dict], dpos: list[dict]) -> tuple[list[dict], str]:
                      f"| {r['wall_s']['mean']:.1f} | {r['sps']['mean']:.0f} |")
     if dpos:
         d = {"name": "dpo (replay of the ppo runs)", "seeds": [x["seed"] for x in dpos],
-             "eval": _ms([x["eval"] for x in dpos]), "eval_reference": _ms([x["eval_reference"] for x in dpos]),
-             "pairs": _ms([x["pairs"] for x in dpos]), "reference_version": [x["reference_version"] for x in dpos],
-             "heldout_reward_accuracy": _ms([x["heldout_reward_accuracy"] for x in dpos]),
-             "wall_s": _ms([x["wall_s"] for x in dpos])}
+             "eval": mean_std([x["eval"] for x in dpos]), "eval_reference": mean_std([x["eval_reference"] for x in dpos]),
+             "pairs": mean_std([x["pairs"] for x in dpos]), "reference_version": [x["reference_version"] for x in dpos],
+             "heldout_reward_accuracy": mean_std([x["heldout_reward_accuracy"] for x in dpos]),
+             "wall_s": mean_std([x["wall_s"] for x in dpos])}
         rows.append(d)
         ref = d["eval_reference"]
         refs = ", ".join(f"v{v}" for v in d["reference_version"])
@@ -214,12 +210,9 @@ def table(runs: list[dict], dpos: list[dict]) -> tuple[list[dict], str]:
 def plot(doc: dict, out_dir: Path, path: Path) -> None:
     """Left: each algorithm's training return against env steps (mean over seeds, 20 bins, from
     the runs' curve.json); right: the eval return of every row, mean and std over seeds."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (ax, bx) = pyplot().subplots(1, 2, figsize=(12, 4.5))
     edges = np.linspace(0, doc["steps_per_run"], 21)
+    bins = np.concatenate(([-np.inf], edges[1:-1], [np.inf]))  # the last bin takes a run's overshoot
     for name in dict.fromkeys(r["name"] for r in doc["runs"]):
         curves = []
         for r in (r for r in doc["runs"] if r["name"] == name):
@@ -227,9 +220,7 @@ def plot(doc: dict, out_dir: Path, path: Path) -> None:
             if not f.exists():
                 continue
             c = json.loads(f.read_text())
-            steps, rets = np.asarray(c["steps"], float), np.asarray(c["returns"], float)
-            idx = np.digitize(steps, edges[1:-1])
-            curves.append([rets[idx == i].mean() if (idx == i).any() else np.nan for i in range(20)])
+            curves.append(binned_mean(np.asarray(c["steps"], float), np.asarray(c["returns"], float), bins))
         if curves:
             ax.plot(edges[1:], np.nanmean(np.asarray(curves), 0), label=name)
     ax.set(xlabel="env steps", ylabel="training return (mean over seeds)", title=doc["env"])
@@ -238,9 +229,7 @@ def plot(doc: dict, out_dir: Path, path: Path) -> None:
     bx.bar([r["name"] for r in rows], [r["eval"]["mean"] for r in rows], yerr=[r["eval"]["std"] for r in rows])
     bx.set(ylabel="eval return (mean action)", title=f"after {doc['steps_per_run']:,} steps, seeds {doc['seeds']}")
     bx.tick_params(axis="x", rotation=30)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path, dpi=90)
 
 
 def main() -> None:
@@ -295,8 +284,7 @@ def main() -> None:
     doc = {"bench": "algorithms", "env": args.env, "steps_per_run": args.steps, "seeds": seeds,
            "eval_episodes": args.eval_episodes, "eval": "mean action, episodes seeded 10000 + i",
            "dpo_settings": {"segment": args.dpo_segment, "beta": args.dpo_beta, "epochs": args.dpo_epochs},
-           "host": {"cpus": __import__("os").cpu_count(), "python": platform.python_version(),
-                    "torch": torch.__version__, "threads": args.threads},
+           "host": host_info(threads=args.threads),
            "total_wall_s": round(time.perf_counter() - t0, 1), "rows": rows, "runs": runs, "dpo": dpos}
     out.mkdir(parents=True, exist_ok=True)
     (out / "algorithms.json").write_text(json.dumps(doc, indent=2))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,29 +25,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from actor.actor import Actor, ActorConfig
-from actor.envs import make_vector_env
-from learner.batching import StreamIds, to_trajectory_batch
-from rlstream import wiring
-from rlstream.colocated import run_colocated
-from config import TrainConfig
-from runtime.metrics import Metrics
-from runtime.progress import quantiles_ms
-from schemas.events import PreparedBatch, now_ms
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.common
 
-
-class DirectPolicy:
-    """Feeds an actor one policy object without any event (the peer loop: the learner's live
-    policy; bench/rollout.py: a fixed one)."""
-
-    def __init__(self, policy) -> None:
-        self.policy, self.version = policy, 0
-
-    def poll(self, timeout: float = 0.0) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
+from actor.actor import Actor, ActorConfig  # noqa: E402
+from actor.envs import make_vector_env  # noqa: E402
+from bench.common import DirectPolicy, host_info, timed  # noqa: E402
+from learner.batching import StreamIds, to_trajectory_batch  # noqa: E402
+from rlstream import wiring  # noqa: E402
+from rlstream.colocated import run_colocated  # noqa: E402
+from config import TrainConfig  # noqa: E402
+from runtime.metrics import Metrics  # noqa: E402
+from runtime.progress import quantiles_ms  # noqa: E402
+from schemas.events import PreparedBatch, now_ms  # noqa: E402
 
 
 def peer_loop(cfg: TrainConfig, train: bool) -> dict:
@@ -96,9 +85,7 @@ def main() -> None:
             observe(seconds)
 
         metrics.observe_policy_latency = record
-        t0 = time.perf_counter()
-        summary = run_colocated(cfg, metrics=metrics)
-        elapsed = time.perf_counter() - t0
+        summary, elapsed = timed(run_colocated, cfg, metrics=metrics)
     # the first adoption is version 0, published before the actor (and its env) is even built:
     # that is start-up time, which the subscriber keeps apart (actor.policy_client's module doc)
     lat = {"in_training_loop": quantiles_ms(in_loop),
@@ -107,8 +94,7 @@ def main() -> None:
     ours = summary["steps"] / elapsed
     out = {
         "bench": "colocated",
-        "host": {"cpus": __import__("os").cpu_count(), "python": platform.python_version(),
-                 "torch": torch.__version__, "threads": args.threads},
+        "host": host_info(threads=args.threads),
         "env": args.env, "steps": args.steps, "num_envs": args.num_envs,
         "rollout_only_sps": rollout["sps"],
         "peer_plain_loop_sps": peer["sps"],

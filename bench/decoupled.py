@@ -33,23 +33,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import platform
+import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
 import torch
 
-from rlstream import wiring
-from rlstream.colocated import run_colocated
-from config import BusConfig, TrainConfig
-from rlstream.decoupled import run_decoupled
-from runtime.progress import quantiles_ms
-from runtime.metrics import Metrics
-from schemas.codec import Codec
-from streams.topics import LEARNER_STEPS, STREAMS_GROUP, all_topics
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.common
+
+from bench.common import Quiet, host_info, private_broker, timed  # noqa: E402
+from rlstream import wiring  # noqa: E402
+from rlstream.colocated import run_colocated  # noqa: E402
+from config import BusConfig, TrainConfig  # noqa: E402
+from rlstream.decoupled import run_decoupled  # noqa: E402
+from runtime.progress import quantiles_ms  # noqa: E402
+from runtime.metrics import Metrics  # noqa: E402
+from schemas.codec import Codec  # noqa: E402
+from streams.topics import LEARNER_STEPS, STREAMS_GROUP, all_topics  # noqa: E402
 
 ROLE_GROUPS = (STREAMS_GROUP, "learner")
 
@@ -68,34 +69,6 @@ def steady_sps(bus) -> dict:
             "mean_update_samples": round(sum(g.num_samples for g in steps) / len(steps), 1)}
 
 
-class _Quiet:
-    """A logger that drops everything (the JSON document is the only output)."""
-
-    def __getattr__(self, name):
-        return lambda *a, **k: None
-
-
-@contextlib.contextmanager
-def private_broker():
-    import socket
-
-    from localkafka.broker import LocalKafka, port_is_free
-
-    for _ in range(50):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port < 65535 and port_is_free(port + 1):
-            break
-    with tempfile.TemporaryDirectory() as d:
-        kafka = LocalKafka(port=port, data_dir=d, quiet=True, heap=("-Xms128m", "-Xmx512m"))
-        kafka.start(timeout=180)
-        try:
-            yield kafka.bootstrap
-        finally:
-            kafka.kill()
-
-
 def colocated(cfg: TrainConfig) -> dict:
     bus = wiring.build_bus(BusConfig())
     metrics = Metrics(role="colocated")
@@ -107,9 +80,7 @@ def colocated(cfg: TrainConfig) -> dict:
         observe(seconds)
 
     metrics.observe_policy_latency = record
-    t0 = time.perf_counter()
-    summary = run_colocated(cfg, log=_Quiet(), metrics=metrics, bus=bus)
-    wall = time.perf_counter() - t0
+    summary, wall = timed(run_colocated, cfg, log=Quiet(), metrics=metrics, bus=bus)
     trained = summary["updates"] * cfg.train_batch_size
     out = {"wall_s": round(wall, 2), "updates": summary["updates"], "sps_wall": round(trained / wall, 1),
            **steady_sps(bus),
@@ -124,9 +95,7 @@ def decoupled(cfg: TrainConfig) -> dict:
 
     with KafkaBus(cfg.bus.bootstrap, client_id="rlstream-bench-reset") as admin:
         admin.reset_topics(all_topics(), groups=ROLE_GROUPS)
-    t0 = time.perf_counter()
-    summary = run_decoupled(cfg, log=_Quiet())
-    wall = time.perf_counter() - t0
+    summary, wall = timed(run_decoupled, cfg, log=Quiet())
     procs = summary["processes"]
     learner, actor, streams = procs.get("learner", {}), procs.get("actor-0", {}), procs.get("streams", {})
     with KafkaBus(cfg.bus.bootstrap, client_id="rlstream-bench-reader") as bus:
@@ -171,8 +140,7 @@ def main() -> None:
     lat = (de.get("policy_latency_ms") or {}).get("p99")
     out = {
         "bench": "decoupled",
-        "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                 "threads_per_process": args.threads},
+        "host": host_info(threads_per_process=args.threads),
         "broker": args.bootstrap or "private LocalKafka", "env": args.env, "algo": args.algo, "steps": args.steps, "train_batch_size": args.train_batch_size,
         "num_envs": args.num_envs,
         "colocated": co, "decoupled": de, "offpolicy_decoupled": off,

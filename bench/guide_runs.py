@@ -35,8 +35,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.algorithms import _ms, episodes_of, policy_versions  # noqa: E402
-from bench.decoupled import private_broker  # noqa: E402
+from bench.algorithms import episodes_of, policy_versions  # noqa: E402
+from bench.common import mean_std, private_broker, pyplot, save_figure, write_json  # noqa: E402
 from config import BusConfig, TrainConfig  # noqa: E402
 from config.algos import env_preset  # noqa: E402
 from streams.policies import load_policy  # noqa: E402
@@ -134,13 +134,13 @@ def table(runs: list[dict], reach: float) -> tuple[list[dict], str, float | None
     for arm in dict.fromkeys(label(r) for r in runs):
         rs = [r for r in runs if label(r) == arm]
         reached = [time_to(r, target) for r in rs] if target is not None else []
-        row = {"arm": arm, "seeds": [r["seed"] for r in rs], "eval": _ms([r["eval"] for r in rs]),
-               "wall_s": _ms([r["wall_s"] for r in rs]), "sps": _ms([r["sps"] for r in rs]),
-               "freshness": _ms([r["freshness"] for r in rs]),
-               "lag_mean": _ms([(r["lag_versions"] or {}).get("mean") for r in rs]),
+        row = {"arm": arm, "seeds": [r["seed"] for r in rs], "eval": mean_std([r["eval"] for r in rs]),
+               "wall_s": mean_std([r["wall_s"] for r in rs]), "sps": mean_std([r["sps"] for r in rs]),
+               "freshness": mean_std([r["freshness"] for r in rs]),
+               "lag_mean": mean_std([(r["lag_versions"] or {}).get("mean") for r in rs]),
                "lag_max": max(((r["lag_versions"] or {}).get("max") or 0) for r in rs),
-               "time_to_target_s": _ms(reached), "reached": sum(x is not None for x in reached),
-               "behaviour": {k: _ms([(r.get("eval_behaviour") or {}).get(k) for r in rs])
+               "time_to_target_s": mean_std(reached), "reached": sum(x is not None for x in reached),
+               "behaviour": {k: mean_std([(r.get("eval_behaviour") or {}).get(k) for r in rs])
                              for k in ("length", "fell", "dx")}}
         rows.append(row)
         tt = row["time_to_target_s"]
@@ -155,11 +155,7 @@ def table(runs: list[dict], reach: float) -> tuple[list[dict], str, float | None
 
 
 def plot(runs: list[dict], target: float | None, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = pyplot().subplots(figsize=(7, 4))
     labels = list(dict.fromkeys(label(r) for r in runs))
     colours = dict(zip(labels, ("tab:orange", "tab:blue", "tab:green", "tab:red", "tab:purple")))
     named: set[str] = set()
@@ -174,9 +170,7 @@ def plot(runs: list[dict], target: float | None, path: Path) -> None:
         ax.axhline(target, ls="--", color="k", lw=0.8, label="target")
     ax.set(xlabel="wall seconds", ylabel="training return (mean of 20 episodes)", title=runs[0]["env"])
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    save_figure(fig, path, dpi=80)
 
 
 def main() -> None:
@@ -203,7 +197,7 @@ def main() -> None:
                     if f.exists():
                         continue
                     r = run_arm(arm, a.env, a.steps, seed, out, bootstrap, a.eval_episodes)
-                    f.write_text(json.dumps(r, indent=2) + "\n")
+                    write_json(f, r)
                     print(json.dumps({k: r[k] for k in ("arm", "seed", "eval", "wall_s", "sps", "freshness")}),
                           flush=True)
     runs = [json.loads(f.read_text()) for f in sorted(out.glob("*-seed*.json"))]
@@ -211,7 +205,7 @@ def main() -> None:
     doc = {"bench": "guide_runs", "env": a.env, "steps_per_run": a.steps, "reach": a.reach, "target_return": target,
            "rows": rows, "runs": runs,
            "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "threads_per_process": 1}}
-    (out / "guide.json").write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(out / "guide.json", doc)
     (out / "guide.md").write_text(md + "\n")
     plot(runs, target, out / "guide.png")
     print(md)

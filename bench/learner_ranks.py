@@ -16,8 +16,6 @@ import argparse
 import datetime
 import json
 import multiprocessing as mp
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -30,7 +28,8 @@ import torch  # noqa: E402
 from agents.registry import make_algorithm  # noqa: E402
 from learner.batching import StreamIds, to_trajectory_batch  # noqa: E402
 from learner.distributed import DataParallel, backend_for, free_port, parse_devices  # noqa: E402
-from processors import ACT, OBS, make_batches  # noqa: E402
+from bench.common import host_info  # noqa: E402
+from bench.processors import ACT, OBS, make_batches  # noqa: E402
 from schemas.events import PreparedBatch  # noqa: E402
 
 
@@ -118,7 +117,7 @@ def main() -> None:
         "peer": {"ranks": 1, "device": devices[0], "samples_per_s": round(peer, 1), "wall_s": round(single, 3)},
         "result": {"ranks": len(devices), "samples_per_s": round(sps, 1), **multi},
         "ratio_vs_peer": round(sps / peer, 3),
-        "host": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()},
+        "host": host_info(),
     }, indent=2))
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import write_json  # noqa: E402
 from config.env import Environment  # noqa: E402
 Z = 2.0
 DEFAULT_SEEDS = (1, 2, 3)
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                              "recorded": time.strftime("%Y-%m-%d")},
                "band": band_for(vals, len(DEFAULT_SEEDS)),
                "rule": f"fail if the mean over n seeds < reference mean - {Z} * std * sqrt(1/n + 1/n_ref)"}
-        ref_path.write_text(json.dumps(doc, indent=2) + "\n")
+        write_json(ref_path, doc)
         print(json.dumps({"recorded": str(ref_path), **doc}, indent=2))
         return 0
     reference = json.loads(Path(ref_path).read_text())

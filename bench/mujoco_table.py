@@ -35,11 +35,9 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.algorithms import _ms  # noqa: E402
+from bench.common import mean_std, pyplot, running_mean, save_figure, write_json  # noqa: E402
 
 #: task family -> (mean, std) of the published PPO figure at 1M steps; None: not published.
 CLEANRL_PPO = {"HalfCheetah": (1442.64, 46.03), "Hopper": (2382.86, 271.74), "Walker2d": (2287.95, 571.78),
@@ -62,7 +60,7 @@ def _one(job: tuple[str, str, int, int, str, int, str]) -> dict:
     path = _result_file(Path(out), algo, env_id, seed)
     result = train_one(algo, env_id, steps, seed, path.parent, episodes, preset=preset)
     result.update(env=env_id, preset=TrainConfig(algo=algo, env_id=env_id, preset=preset).preset_name())
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(path, result)
     return result
 
 
@@ -89,8 +87,8 @@ def render(runs: list[dict], steps: int) -> tuple[list[dict], str]:
         rs = [r for r in runs if r["env"] == env_id and r["algo"] == algo]
         family = env_id.rpartition("-")[0]
         row = {"env": env_id, "algo": algo, "preset": rs[0].get("preset"), "seeds": sorted(r["seed"] for r in rs),
-               "eval": _ms([r["eval"] for r in rs]), "train_last20": _ms([r["train_last20"] for r in rs]),
-               "wall_s": _ms([r["wall_s"] for r in rs]), "sps": _ms([r["sps"] for r in rs]),
+               "eval": mean_std([r["eval"] for r in rs]), "train_last20": mean_std([r["train_last20"] for r in rs]),
+               "wall_s": mean_std([r["wall_s"] for r in rs]), "sps": mean_std([r["sps"] for r in rs]),
                "cleanrl": CLEANRL_PPO.get(family), "zoo": ZOO_PPO.get(family)}
         rows.append(row)
         lines.append(f"| {env_id} | {algo} | {row['preset'] or ('none (CleanRL)' if algo == 'ppo' else 'none')} | {len(rs)} | {row['eval']['mean']:.0f} ± "
@@ -103,12 +101,8 @@ def render(runs: list[dict], steps: int) -> tuple[list[dict], str]:
 def plot(runs: list[dict], out: Path, steps: int, path: Path) -> None:
     """One panel per task: training return (mean of 20 episodes) against env steps, one line per seed, and the
     published references as dashed lines."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     envs = list(dict.fromkeys(r["env"] for r in runs))
-    fig, axes = plt.subplots(1, len(envs), figsize=(4 * len(envs), 3.6), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(envs), figsize=(4 * len(envs), 3.6), squeeze=False)
     for ax, env_id in zip(axes[0], envs):
         family = env_id.rpartition("-")[0]
         for r in (r for r in runs if r["env"] == env_id):
@@ -117,7 +111,7 @@ def plot(runs: list[dict], out: Path, steps: int, path: Path) -> None:
             if curve.exists():
                 c = json.loads(curve.read_text())
                 k = min(20, len(c["returns"]))  # mean of the last 20 episodes, as the table's "train"
-                smooth = np.convolve(c["returns"], np.ones(k) / k, mode="valid")
+                smooth = running_mean(c["returns"], k)[k - 1:]  # full windows only
                 ax.plot(c["steps"][k - 1:], smooth, lw=1, label=f"{algo} seed {r['seed']}")
         for name, table, style in (("CleanRL", CLEANRL_PPO, "--"), ("zoo", ZOO_PPO, ":")):
             if table.get(family):
@@ -125,9 +119,7 @@ def plot(runs: list[dict], out: Path, steps: int, path: Path) -> None:
         ax.set(title=env_id, xlabel="env steps")
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("training return (mean of 20 episodes)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    save_figure(fig, path, dpi=80)
 
 
 def main() -> None:
@@ -161,7 +153,7 @@ def main() -> None:
     doc = {"bench": "mujoco_table", "steps_per_run": a.steps, "sources": SOURCES, "rows": rows, "runs": runs,
            "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "jobs": a.jobs, "threads": 1},
            "wall_s": round(time.perf_counter() - t0, 1)}
-    (out / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(out / f"{name}.json", doc)
     (out / f"{name}.md").write_text(md + "\n")
     plot(runs, out, a.steps, out / f"{name}.png")
     print(md)

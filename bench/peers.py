@@ -37,7 +37,6 @@ import argparse
 import functools
 import json
 import os
-import platform
 import re
 import resource
 import subprocess
@@ -49,6 +48,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the repository root: bench.common
+
+from bench.common import host_info, load_1m  # noqa: E402
+
 PEERS = ("sb3", "cleanrl", "rlstream", "rlstream-overlap")
 LR, GAMMA, LAM, CLIP = 3e-4, 0.99, 0.95, 0.2
 
@@ -200,8 +203,6 @@ def main() -> None:
             ratios["overlap_over_strict_cpu_sps"] = round(ov["cpu_sps"] / ours["cpu_sps"], 3)
         if ours.get("return_last10") is not None and ov.get("return_last10") is not None:
             ratios["overlap_minus_strict_return"] = round(ov["return_last10"] - ours["return_last10"], 1)
-    import torch
-
     versions = {}
     if "cleanrl" in args.peers:
         probe = subprocess.run([args.cleanrl_python, "-c", "import importlib.metadata as m, platform; print(platform.python_version(), "
@@ -214,8 +215,7 @@ def main() -> None:
         "settings": {"num_envs": 1, "steps_per_update": 2048, "epochs": 10, "minibatch": 64, "hidden": [64, 64],
                      "activation": "tanh", "normalize": "obs and reward, clip 10", "lr": f"{LR} annealed to 0",
                      "torch_threads": 1},
-        "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                 "loadavg_1m": round(os.getloadavg()[0], 2)},
+        "host": host_info(loadavg_1m=load_1m()),
         "peer_versions": versions,
         "summary": summary, "ratios": ratios, "runs": runs,
     }, indent=2))

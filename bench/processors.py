@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -33,6 +31,7 @@ from schemas.codec import Codec  # noqa: E402
 from schemas.events import PolicyVersion, SampleBatch  # noqa: E402
 from schemas.weights import encode_weights  # noqa: E402
 from streams.processors.importance import ImportanceWeights, PolicyLogpFn  # noqa: E402
+from bench.common import host_info  # noqa: E402
 from config import PrepareConfig  # noqa: E402
 from streams.processors.pipeline import Prepare  # noqa: E402
 
@@ -164,7 +163,7 @@ def main() -> None:
         "target_samples_per_s": 100_000,
         "meets_target": results["pipeline_is"]["samples_per_s"] >= 100_000
         and results["pipeline_is"]["is_computed_batches"] > 0,  # a run that computed no IS measured nothing
-        "host": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()},
+        "host": host_info(),
     }
     print(json.dumps(out, indent=2))
 

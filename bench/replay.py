@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -25,8 +26,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from config import BusConfig, TrainConfig
-from rlstream.colocated import run_colocated
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.common
+
+from bench.common import binned_mean, pyplot, save_figure  # noqa: E402
+from config import BusConfig, TrainConfig  # noqa: E402
+from rlstream.colocated import run_colocated  # noqa: E402
 
 
 class Quiet:
@@ -69,26 +73,12 @@ def one(args: argparse.Namespace, seed: int, replay: bool) -> dict:
             "replay_stats": learner.get("replay"), "updates": learner.get("updates")}
 
 
-def binned(steps: np.ndarray, rets: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    out = np.full(len(edges) - 1, np.nan)
-    for i in range(len(edges) - 1):
-        m = (steps > edges[i]) & (steps <= edges[i + 1])
-        if m.any():
-            out[i] = rets[m].mean()
-    return out
-
-
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+    fig, axes = pyplot().subplots(1, 3, figsize=(16, 4.2))
     edges = np.linspace(0, result["steps"], 21)
     for arm, colour in (("off", "tab:blue"), ("on", "tab:red")):
         runs = [r for r in result["runs"] if r["replay"] == (arm == "on")]
-        curves = np.array([binned(np.asarray(r["curve"]["steps"]), np.asarray(r["curve"]["returns"], float), edges)
+        curves = np.array([binned_mean(np.asarray(r["curve"]["steps"]), np.asarray(r["curve"]["returns"], float), edges)
                            for r in runs])
         x = (edges[1:] + edges[:-1]) / 2
         mean = np.nanmean(curves, axis=0)
@@ -111,9 +101,8 @@ def plot(result: dict, path: Path) -> None:
     s = result["settings"]
     fig.suptitle(f"{s['algo'].upper()} on {s['env']}, co-located: sample cache off vs on "
                  f"(capacity {s['capacity']}, SPI {s['spi']}, max reuse {s['max_reuse']})")
-    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
 
 
 def at_equal_compute(runs: list[dict]) -> dict:

@@ -14,17 +14,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from actor.actor import Actor, ActorConfig
-from actor.envs import make_vector_env, spec_of
-from agents.base import PolicyConfig, build_policy
-from colocated import DirectPolicy  # bench/ is on sys.path when a bench script runs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.common
+
+from actor.actor import Actor, ActorConfig  # noqa: E402
+from actor.envs import make_vector_env, spec_of  # noqa: E402
+from agents.base import PolicyConfig, build_policy  # noqa: E402
+from bench.common import DirectPolicy, host_info, load_1m  # noqa: E402
 
 
 def raw_env_sps(env_id: str, num_envs: int, mode: str, steps: int, seed: int = 0) -> tuple[float, float]:
@@ -77,8 +79,7 @@ def main() -> None:
                          "actor_cpu_sps": round(act_cpu, 1), "actor_over_raw_cpu": round(act_cpu / raw_cpu, 3)})
     print(json.dumps({
         "bench": "rollout", "env": args.env, "steps": args.steps, "target_actor_over_raw_min": 0.5,
-        "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                 "threads": args.threads, "loadavg_1m": round(os.getloadavg()[0], 2)},
+        "host": host_info(threads=args.threads, loadavg_1m=load_1m()),
         "rows": rows,
     }, indent=2))
 

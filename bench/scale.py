@@ -27,20 +27,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import platform
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.common
 
 import torch  # noqa: E402
 
-from decoupled import _Quiet, colocated, private_broker  # noqa: E402  (bench/decoupled.py)
+from bench.common import Quiet, host_info, load_1m, private_broker, timed  # noqa: E402
+from bench.decoupled import colocated  # noqa: E402
 from config import BusConfig, TrainConfig  # noqa: E402
 from rlstream.decoupled import run_decoupled  # noqa: E402
 from schemas.codec import Codec  # noqa: E402
@@ -86,9 +83,7 @@ def one(base: dict, bootstrap: str, run_dir: Path, actors: int, workers: int, pa
                       run_dir=run_dir,
                       bus=BusConfig(kind="kafka", bootstrap=bootstrap, partitions=partitions, namespace=ns.name),
                       policy_id=f"bench-{ns.name}")
-    t0 = time.perf_counter()
-    summary = run_decoupled(cfg, log=_Quiet())
-    wall = time.perf_counter() - t0
+    summary, wall = timed(run_decoupled, cfg, log=Quiet())
     procs = summary["processes"]
     actor_sps = [p["steps"] / p["collect_s"] for n, p in procs.items() if n.startswith("actor") and p.get("collect_s")]
     out = {"actors": actors, "stream_workers": workers, "learner_ranks": ranks, "wall_s": round(wall, 1),
@@ -127,8 +122,7 @@ def main() -> None:
         r["vs_colocated"] = round(r["sps_steady"] / baseline, 3) if r.get("sps_steady") and baseline else None
     print(json.dumps({
         "bench": "scale",
-        "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                 "load_1m": round(os.getloadavg()[0], 2)},
+        "host": host_info(load_1m=load_1m()),
         "env": args.env, "algo": args.algo, "steps": args.steps, "train_batch_size": args.train_batch_size,
         "partitions": args.partitions,
         "colocated": {k: co.get(k) for k in ("sps_steady", "sps_wall", "updates", "wall_s")},

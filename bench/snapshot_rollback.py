@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -39,11 +38,11 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the repository root: testbed.s3 (the local moto server)
+sys.path.insert(0, str(ROOT))  # the repository root: bench.common, testbed.s3 (the local moto server)
 
 import torch  # noqa: E402
 
-from agents.networks import Policy  # noqa: E402
+from bench.common import host_info, policy_of_size  # noqa: E402
 from config import BusConfig  # noqa: E402
 from config.env import Environment  # noqa: E402
 from config.storage import ObjectStoreConfig  # noqa: E402
@@ -53,15 +52,7 @@ from logtools.subscribe import PolicyFeed  # noqa: E402
 from rlstream.wiring import blob_store_of, build_bus, build_events  # noqa: E402
 from streams.policies import arch_of, make_policy_version, publish_policy_version  # noqa: E402
 
-OBS, ACT = 64, 8
 POLICY_ID = "policy"
-
-
-def policy_of_size(params: int, seed: int) -> Policy:
-    """A 2-hidden-layer policy with about ``params`` parameters (actor + critic)."""
-    torch.manual_seed(seed)
-    h = int((-(2 * OBS + ACT + 1) + ((2 * OBS + ACT + 1) ** 2 + 8 * params) ** 0.5) / 4)
-    return Policy(OBS, ACT, hidden=(max(h, 1), max(h, 1)))
 
 
 def _median(xs: list[float]) -> float:
@@ -184,8 +175,7 @@ def main() -> None:
     print(json.dumps({"bench": "snapshot_rollback", "params": args.params, "repeats": args.repeats,
                       "s3_server": "moto (local, its own process)" if server is not None else args.endpoint_url,
                       "claim_check": bool(redis_url), "stores": rows, "peer": "file", "ratios": ratios,
-                      "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                                  "torch": torch.__version__}}, indent=2))
+                      "machine": host_info()}, indent=2))
 
 
 if __name__ == "__main__":

@@ -38,8 +38,7 @@ from config.limits import DEFAULT_BOOTSTRAP
 import argparse
 import copy
 import json
-import os
-import platform
+import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -48,7 +47,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from agents.core import TrajectoryBatch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.common
+
+from bench.common import host_info, pyplot, running_mean, save_figure, timed  # noqa: E402
+from agents.core import TrajectoryBatch  # noqa: E402
 from agents.registry import make_algorithm
 
 FRAGMENT = 2048
@@ -142,9 +144,7 @@ def run_decoupled_one(algo_name: str, env_id: str, K: int, correction: bool, ste
                           streams=PrepareConfig.for_algo(algo_name, max_versions=1 << 20, max_ms=None),
                           bus=BusConfig(kind="kafka", bootstrap=bootstrap,
                                         namespace=f"stale-{algo_name}-{K}-{int(correction)}-{seed}-{uuid.uuid4().hex[:6]}"))
-        t0 = time.perf_counter()
-        summary = run_decoupled(cfg)  # no logger: its one progress line goes to stderr
-        wall = time.perf_counter() - t0
+        summary, wall = timed(run_decoupled, cfg)  # no logger: its one progress line goes to stderr
         curve = json.loads((Path(d) / "actor-0" / "curve.json").read_text())
     procs = summary["processes"]
     learner, streams = procs.get("learner", {}), procs.get("streams", {})
@@ -159,27 +159,15 @@ def run_decoupled_one(algo_name: str, env_id: str, K: int, correction: bool, ste
             "curve": curve}
 
 
-def _smooth(xs: list[float], window: int = 20) -> np.ndarray:
-    """Running mean over the last ``window`` episodes."""
-    c = np.cumsum(np.insert(np.asarray(xs, dtype=float), 0, 0.0))
-    n = np.minimum(np.arange(1, len(xs) + 1), window)
-    return (c[1:] - c[np.arange(1, len(xs) + 1) - n]) / n
-
-
 def plot(runs: list[dict], path: Path) -> None:
     """Mean over seeds of each run's running last-20 return against env steps, one panel per algorithm."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     algos = list(dict.fromkeys(r["algo"] for r in runs))
-    fig, axes = plt.subplots(1, len(algos), figsize=(5 * len(algos), 4), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(algos), figsize=(5 * len(algos), 4), squeeze=False)
     for ax, a in zip(axes[0], algos):
         for (K, corr) in sorted({(r["K"], r["correction"]) for r in runs if r["algo"] == a}):
             rs = [r for r in runs if r["algo"] == a and r["K"] == K and r["correction"] == corr]
             xs = np.linspace(0, max(r["steps"] for r in rs), 50)
-            ys = [np.interp(xs, [s for s, _ in r["curve"]], _smooth([v for _, v in r["curve"]])) for r in rs if r["curve"]]
+            ys = [np.interp(xs, [s for s, _ in r["curve"]], running_mean([v for _, v in r["curve"]])) for r in rs if r["curve"]]
             if ys:
                 ax.plot(xs, np.mean(ys, 0), ls="-" if corr else "--", label=f"K={K} {'corr' if corr else 'no corr'}")
         ax.set_title(a)
@@ -187,8 +175,7 @@ def plot(runs: list[dict], path: Path) -> None:
         ax.set_xlabel("env steps")
         ax.set_ylabel("episode return")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
 
 
 def table(runs: list[dict]) -> str:
@@ -233,8 +220,7 @@ def main() -> None:
                     print(json.dumps({k: v for k, v in r.items() if k != "curve"}), flush=True)
     md = table(runs)
     doc = {"bench": "staleness", "mode": "decoupled" if args.decoupled else "in-process", "env": args.env, "steps_per_run": args.steps, "seeds": args.seeds, "ks": args.ks,
-           "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                    "threads": args.threads},
+           "host": host_info(threads=args.threads),
            "total_wall_s": round(time.perf_counter() - t0, 1), "table": md, "runs": runs}
     (out / "staleness.json").write_text(json.dumps(doc))
     (out / "staleness.md").write_text(md + "\n")

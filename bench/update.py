@@ -13,17 +13,20 @@ import argparse
 import cProfile
 import io
 import json
-import os
-import platform
 import pstats
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from agents.agro import AGRO, AGROConfig
-from agents.core import TrajectoryBatch
-from agents.ppo import PPO, PPOConfig
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.common
+
+from agents.agro import AGRO, AGROConfig  # noqa: E402
+from agents.core import TrajectoryBatch  # noqa: E402
+from agents.ppo import PPO, PPOConfig  # noqa: E402
+from bench.common import host_info, load_1m  # noqa: E402
 
 
 def synthetic_batch(T: int, N: int, obs_dim: int, act_dim: int, seed: int = 0) -> TrajectoryBatch:
@@ -76,8 +79,7 @@ def main() -> None:
            "update_s_median": round(float(np.median(times)), 4),
            "update_cpu_s_median": round(float(np.median(cpu)), 4),
            "samples_per_s": round(args.steps * args.num_envs * algo.config.update_epochs / float(np.median(times)), 1),
-           "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                    "threads": args.threads, "loadavg_1m": round(os.getloadavg()[0], 2)}}
+           "host": host_info(threads=args.threads, loadavg_1m=load_1m())}
     if cuda:
         out["host"].update(gpu=torch.cuda.get_device_name(algo.device), cuda=torch.version.cuda)
     if prof:

@@ -25,25 +25,28 @@ from config.env import Environment
 import argparse
 import copy
 import json
-import math
 import multiprocessing as mp
 import os
-import platform
 import queue
 import shutil
+import sys
 import tempfile
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from actor.policy_client import PolicySubscriber
-from agents.networks import Policy
-from config import BusConfig
-from rlstream.wiring import build_bus, build_events
-from streams.policies import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.common
+
+from actor.policy_client import PolicySubscriber  # noqa: E402
+from agents.networks import Policy  # noqa: E402
+from bench.common import host_info, load_1m, policy_of_size  # noqa: E402
+from config import BusConfig  # noqa: E402
+from rlstream.wiring import build_bus, build_events  # noqa: E402
+from streams.policies import (  # noqa: E402
     DEFAULT_CLAIM_CHECK_ABOVE,
     DEFAULT_INLINE_LIMIT,
     PROCESS_WEIGHTS,
@@ -54,15 +57,7 @@ from streams.policies import (
     publish_policy_version,
 )
 
-OBS, ACT = 64, 8
 POLICY_ID = "weightsync"
-
-
-def policy_of_size(params: int) -> Policy:
-    """A 2-hidden-layer policy with about ``params`` parameters (actor + critic)."""
-    h = int((-(OBS + ACT + 3) + math.sqrt((OBS + ACT + 3) ** 2 + 2 * params)) / 2)  # 2h^2 + (2*OBS+ACT+5)h ~ params
-    torch.manual_seed(0)
-    return Policy(OBS, ACT, hidden=(max(h, 1), max(h, 1)))
 
 
 def _subscriber_thread(bus, blob, module: Policy, stage: str, out: mp.Queue, stop) -> None:
@@ -286,15 +281,9 @@ def main() -> None:
     print(json.dumps({
         "bench": "weightsync", "target_p99_ms_max": 100.0, "inline_limit_bytes": DEFAULT_INLINE_LIMIT,
         "claim_check_above_bytes": args.claim_check_above,
-        "host": host_info(),
+        "host": host_info(loadavg_1m=load_1m()),
         "rows": rows,
     }, indent=2))
-
-
-def host_info() -> dict:
-    """The machine a weight-sync bench ran on (its load included: these figures move with it)."""
-    return {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "loadavg_1m": round(os.getloadavg()[0], 2)}
 
 
 if __name__ == "__main__":

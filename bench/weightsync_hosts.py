@@ -32,11 +32,12 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+sys.path.insert(0, str(ROOT))  # the repository root: bench, testbed
 
 import torch  # noqa: E402
 
-import weightsync  # noqa: E402
+from bench import weightsync  # noqa: E402
+from bench.common import host_info, load_1m  # noqa: E402
 from streams.policies import DEFAULT_CLAIM_CHECK_ABOVE  # noqa: E402
 from testbed import netns  # noqa: E402
 
@@ -115,7 +116,7 @@ def main() -> None:
     print(json.dumps({
         "bench": "weightsync_hosts", "target_p99_ms_max": 100.0, "peer": "layout one-host",
         "claim_check_above_bytes": opts.claim_check_above,
-        "host": weightsync.host_info(),
+        "host": host_info(loadavg_1m=load_1m()),
         "rows": rows,
     }, indent=2))
 
