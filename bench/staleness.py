@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from bench.common import host_info, pyplot, running_mean, save_figure, timed  # noqa: E402
 from agents.core import TrajectoryBatch  # noqa: E402
-from agents.registry import make_algorithm
+from agents.registry import make_algorithm  # noqa: E402
 
 FRAGMENT = 2048
 ALGOS = ("agro", "tba", "ppo")
