@@ -510,6 +510,16 @@ def cmd_role(a: argparse.Namespace) -> int:
         cfg = replace(cfg, metrics_port=a.metrics_port)  # this process's own port (the run's file has none)
     claim_run_dir(cfg, join=True)  # a role joins its run's directory; another run's is refused
     role = a.command
+    if role == "learner" and cfg.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():  # say so, rather than torch's traceback at the first tensor
+            print(f"rlstream learner: error: --device {cfg.device}, but no GPU is visible to this process "
+                  f"(torch.cuda.is_available() is False; CUDA_VISIBLE_DEVICES="
+                  f"{os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}, NVIDIA_VISIBLE_DEVICES="
+                  f"{os.environ.get('NVIDIA_VISIBLE_DEVICES', '(unset)')}). Run it where the NVIDIA runtime "
+                  "passes a GPU in (docs/deploy.md), or use --device cpu", file=sys.stderr, flush=True)
+            return 2
     world = len(distributed.parse_devices(cfg.device, cfg.learners)) if role == "learner" else 1
     ranks = env.rank()
     if world > 1 and not ranks.launched:  # the launcher: one process per rank
