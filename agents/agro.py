@@ -53,7 +53,7 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import Tensor
 
-from agents.base import BaseAlgorithm, accumulate, explained_variance, masked_mean, minibatch_indices, rollout_mask
+from agents.base import BaseAlgorithm, accumulate_tensors, explained_variance, masked_mean, minibatch_indices, rollout_mask
 from agents.core import TrajectoryBatch
 from agents.grpo import group_stats, rollout_returns
 from agents.normalization import RewardScaler
@@ -249,42 +249,22 @@ class AGRO(BaseAlgorithm):
         b_ret, b_w, b_blogp = flat(ret), flat(weights), flat(batch.behaviour_logp)
         n = b_obs.shape[0]
 
-        sums: dict[str, float] = {}
+        sums: dict[str, Tensor] = {}
         count = 0
         for _ in range(cfg.update_epochs):
             for mb in minibatch_indices(n, self.minibatches(n, cfg.num_minibatches), self.generator, self.device):
-                logp, entropy, value = self.policy.evaluate(b_obs[mb], b_act[mb])
-                with torch.no_grad():
-                    ref_logp = self.ref_policy.log_prob(b_obs[mb], b_act[mb])
-                    # the baseline under which pi_ref * exp(A / beta) is the fixed point for any sampler
-                    w = b_w[mb] if b_w is not None else None
-                    reg = b_adv[mb] - cfg.beta * (logp - ref_logp)
-                    baseline = reg.mean() if w is None else (reg * w).sum() / w.sum().clamp_min(1e-8)
-                terms = agro_loss(logp, ref_logp, b_adv[mb] - baseline, cfg.beta, weight=w)
-                loss = terms["loss_policy"] + terms["loss_reg"]
-                ent = entropy.mean()
-                if cfg.ent_coef:
-                    loss = loss - cfg.ent_coef * ent
-                stats: dict[str, Any] = dict(terms)
-                stats["baseline"] = baseline
-                if b_ret is not None:
-                    loss_value = 0.5 * masked_mean((value - b_ret[mb]).pow(2), None, w)
-                    loss = loss + cfg.vf_coef * loss_value
-                    stats["loss_value"] = loss_value
-                stats["loss_entropy"] = -ent
-                stats["entropy"] = ent
-                stats["loss_total"] = loss
-                with torch.no_grad():
-                    lr_b = logp - b_blogp[mb]
-                    stats["approx_kl_behaviour"] = ((lr_b.exp() - 1.0) - lr_b).mean()
-                stats["grad_norm"] = self._apply_gradients(loss)
-                accumulate(sums, stats)
+                w = b_w[mb] if b_w is not None else None
+                ret_mb = b_ret[mb] if b_ret is not None else None
+                stats, grad_norm = self._minibatch_step(self._minibatch_loss, b_obs[mb], b_act[mb], b_adv[mb], ret_mb, w,
+                                                        b_blogp[mb])
+                stats["grad_norm"] = grad_norm
+                accumulate_tensors(sums, stats)
                 count += 1
 
         if cfg.normalize_obs:
             self.policy.obs_rms.update(b_obs)
         self.step += 1
-        out = {k: v / max(count, 1) for k, v in sums.items()}
+        out = {k: float(v) / max(count, 1) for k, v in sums.items()}
         out.update(metrics)
         out.update(
             {
@@ -296,6 +276,35 @@ class AGRO(BaseAlgorithm):
             }
         )
         return out
+
+    def _minibatch_loss(self, obs: Tensor, act: Tensor, adv: Tensor, ret: Optional[Tensor], w: Optional[Tensor],
+                        behaviour_logp: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """One minibatch's loss and stats (what the captured step compiles)."""
+        cfg = self.config
+        logp, entropy, value = self.policy.evaluate(obs, act)
+        with torch.no_grad():
+            ref_logp = self.ref_policy.log_prob(obs, act)
+            # the baseline under which pi_ref * exp(A / beta) is the fixed point for any sampler
+            reg = adv - cfg.beta * (logp - ref_logp)
+            baseline = reg.mean() if w is None else (reg * w).sum() / w.sum().clamp_min(1e-8)
+        terms = agro_loss(logp, ref_logp, adv - baseline, cfg.beta, weight=w)
+        loss = terms["loss_policy"] + terms["loss_reg"]
+        ent = entropy.mean()
+        if cfg.ent_coef:
+            loss = loss - cfg.ent_coef * ent
+        stats: dict[str, Tensor] = {k: v.detach() for k, v in terms.items()}
+        stats["baseline"] = baseline
+        if ret is not None:
+            loss_value = 0.5 * masked_mean((value - ret).pow(2), None, w)
+            loss = loss + cfg.vf_coef * loss_value
+            stats["loss_value"] = loss_value.detach()
+        stats["loss_entropy"] = -ent.detach()
+        stats["entropy"] = ent.detach()
+        stats["loss_total"] = loss.detach()
+        with torch.no_grad():
+            lr_b = logp - behaviour_logp
+            stats["approx_kl_behaviour"] = ((lr_b.exp() - 1.0) - lr_b).mean()
+        return loss, stats
 
     def _extra_state(self) -> dict[str, Any]:
         return {"reward_scaler": self.reward_scaler.state_dict()}

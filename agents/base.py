@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from config.algos import ALGO_DEFAULTS
+from agents.capture import CapturedStep, CaptureStats
 from agents.networks import Policy
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "frozen_copy",
     "minibatch_indices",
     "accumulate",
+    "accumulate_tensors",
 ]
 
 
@@ -126,6 +128,13 @@ def accumulate(sums: dict[str, float], stats: Mapping[str, Any]) -> None:
         sums[k] = sums.get(k, 0.0) + float(v.detach() if isinstance(v, Tensor) else v)
 
 
+def accumulate_tensors(sums: dict[str, Tensor], stats: Mapping[str, Any]) -> None:
+    """``accumulate`` with no host sync per step: float64 tensor sums (read once, at the end)."""
+    for k, v in stats.items():
+        v = v.detach().double() if isinstance(v, Tensor) else torch.tensor(float(v), dtype=torch.float64)
+        sums[k] = sums[k] + v if k in sums else v
+
+
 def minibatch_indices(n: int, num_minibatches: int, generator: torch.Generator, device: torch.device) -> Iterator[Tensor]:
     """Shuffle ``range(n)`` and split into chunks of ``max(1, n // num_minibatches)`` (CleanRL's split)."""
     size = max(1, n // max(1, num_minibatches))
@@ -180,7 +189,67 @@ class BaseAlgorithm:
 
     def set_learning_rate(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
+            self._set_group_lr(group, lr)
+
+    @staticmethod
+    def _set_group_lr(group: dict, lr: float) -> None:
+        """A float rate, or filled into the captured update's tensor rate (no recompile)."""
+        if isinstance(group["lr"], Tensor):
+            group["lr"].fill_(float(lr))
+        else:
             group["lr"] = lr
+
+    # ---- the captured update (agents.capture) ---------------------------------------------
+    capture: Optional[CaptureStats] = None
+    """Counters of the captured update when it is on (``enable_capture``); None: eager."""
+
+    def enable_capture(self, max_shapes: int = 8, mode: Optional[str] = None, backend: str = "inductor") -> None:
+        """Run each minibatch step (forward, loss, backward, clip, Adam) compiled as one
+        ``torch.compile`` unit. Adam becomes the traceable single-tensor one with a tensor learning
+        rate (``capturable`` on CUDA), so annealing never recompiles; its state carries over."""
+        state = self.optimizer.state_dict()
+        cuda = self.device.type == "cuda"
+        groups = [{**{k: v for k, v in g.items() if k not in ("lr", "fused", "foreach", "capturable")},
+                   "lr": torch.tensor(float(g["lr"]), device=self.device if cuda else "cpu")}
+                  for g in self.optimizer.param_groups]
+        self.optimizer = torch.optim.Adam(groups, foreach=False, fused=False, capturable=cuda)
+        self._load_optimizer(state)
+        self.capture = CaptureStats()
+        self._capture_args = (max_shapes, mode, backend)
+        self._captured: dict[str, CapturedStep] = {}
+
+    def _load_optimizer(self, state: Mapping[str, Any]) -> None:
+        """Load optimizer ``state`` (from either path), keeping this optimizer's kernel flags
+        (fused / traceable) and the captured update's tensor rates (filled in place)."""
+        rates = [g["lr"] for g in self.optimizer.param_groups]
+        flags = {k: self.optimizer.param_groups[0][k] for k in ("foreach", "fused", "capturable")
+                 if k in self.optimizer.param_groups[0]}
+        self.optimizer.load_state_dict(state)
+        for group, rate in zip(self.optimizer.param_groups, rates):
+            group.update(flags)
+            if isinstance(rate, Tensor):
+                rate.fill_(float(group["lr"]))
+                group["lr"] = rate
+
+    def _step_body(self, loss_fn: Any, *args: Any) -> tuple[Any, Tensor]:
+        """One minibatch step: ``loss_fn(*args) -> (loss, stats)``, backward, clip, Adam step.
+        Returns ``(stats, pre-clip grad norm)``."""
+        loss, stats = loss_fn(*args)
+        norm = self._gradient_step(loss)
+        return stats, norm
+
+    def _minibatch_step(self, loss_fn: Any, *args: Any) -> tuple[Any, Tensor]:
+        """``_step_body`` eagerly, or captured (compiled per signature) when ``enable_capture`` ran."""
+        if self.capture is None:
+            return self._step_body(loss_fn, *args)
+        name = loss_fn.__name__
+        step = self._captured.get(name)
+        if step is None:
+            def body(*a: Any, _fn: Any = loss_fn) -> tuple[Any, Tensor]:
+                return self._step_body(_fn, *a)
+
+            step = self._captured[name] = CapturedStep(body, self.capture, *self._capture_args)
+        return step(*args)
 
     @property
     def learning_rate(self) -> float:
@@ -232,17 +301,23 @@ class BaseAlgorithm:
             "config": dataclasses.asdict(self.config),
             "step": self.step,
             "policy": self.policy.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self._optimizer_state(),
             "generator": self.generator.get_state(),
             **({"ref_policy": self.ref_policy.state_dict()} if self.ref_policy is not None else {}),
             **self._extra_state(),
         }
 
+    def _optimizer_state(self) -> dict[str, Any]:
+        """The optimizer's state_dict with plain float rates (the same snapshot either path)."""
+        state = self.optimizer.state_dict()
+        state["param_groups"] = [{**g, "lr": float(g["lr"])} for g in state["param_groups"]]
+        return state
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("algo", self.name) != self.name:
             raise ValueError(f"state is for {state.get('algo')!r}, this is {self.name!r}")
         self.policy.load_state_dict(state["policy"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self._load_optimizer(state["optimizer"])
         self.generator.set_state(state["generator"])
         self.step = int(state["step"])
         if self.ref_policy is not None and "ref_policy" in state:

@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from agents.base import BaseAlgorithm, accumulate, PolicyConfig, masked_mean, minibatch_indices, rollout_mask
+from agents.base import BaseAlgorithm, accumulate_tensors, PolicyConfig, masked_mean, minibatch_indices, rollout_mask
 from agents.core import TrajectoryBatch
 from agents.ppo.losses import clipped_surrogate, ratio_stats
 
@@ -163,6 +163,32 @@ class GRPO(BaseAlgorithm):
         keep = torch.ones_like(returns, dtype=torch.bool)
         return adv, keep, metrics
 
+    def _minibatch_loss(self, obs: Tensor, act: Tensor, m: Tensor, old_logp: Tensor, adv_col: Tensor,
+                        w: Optional[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        """One minibatch of columns: its loss and stats (what the captured step compiles)."""
+        cfg = self.config
+        logp, entropy, _ = self.policy.evaluate(obs, act)
+        logratio = logp - old_logp
+        adv = adv_col.unsqueeze(0).expand_as(logp)
+        per_step = clipped_surrogate(logratio.exp(), adv, cfg.clip_low, cfg.clip_high)
+        loss_pg = aggregate_loss(per_step, m, cfg.loss_aggregation, w)
+        loss = loss_pg
+        stats = {"loss_policy": loss_pg.detach()}
+        if cfg.kl_coef > 0.0:
+            with torch.no_grad():
+                ref_logp = self.ref_policy.log_prob(obs, act)
+            loss_kl = aggregate_loss(k3_kl(logp, ref_logp), m, cfg.loss_aggregation, w)
+            loss = loss + cfg.kl_coef * loss_kl
+            stats["loss_kl"] = loss_kl.detach()
+        ent = masked_mean(entropy, m)
+        if cfg.ent_coef:
+            loss = loss - cfg.ent_coef * ent
+        stats["loss_entropy"] = -ent.detach()
+        stats["entropy"] = ent.detach()
+        stats["loss_total"] = loss.detach()
+        stats.update(ratio_stats(logratio.detach(), cfg.clip_low, cfg.clip_high, m))
+        return loss, stats
+
     def update(self, batch: TrajectoryBatch) -> dict[str, float]:
         cfg = self.config
         batch = batch.to(self.device)
@@ -173,44 +199,24 @@ class GRPO(BaseAlgorithm):
         cols = keep.nonzero().squeeze(-1)
         metrics["columns_used"] = float(cols.numel())
 
-        sums: dict[str, float] = {}
+        sums: dict[str, Tensor] = {}
         count = 0
         if cols.numel() > 0:
             weight_all = batch.sample_weight if (cfg.use_sample_weight and batch.sample_weight is not None) else None
             for _ in range(cfg.update_epochs):
                 for mb_local in minibatch_indices(cols.numel(), cfg.num_minibatches, self.generator, self.device):
                     mb = cols[mb_local]
-                    obs, act = batch.obs[:, mb], batch.actions[:, mb]
-                    m = mask[:, mb]
-                    old_logp = batch.behaviour_logp[:, mb]
-                    logp, entropy, _ = self.policy.evaluate(obs, act)
-                    logratio = logp - old_logp
-                    adv = adv_col[mb].unsqueeze(0).expand_as(logp)
-                    per_step = clipped_surrogate(logratio.exp(), adv, cfg.clip_low, cfg.clip_high)
                     w = weight_all[:, mb] if weight_all is not None else None
-                    loss_pg = aggregate_loss(per_step, m, cfg.loss_aggregation, w)
-                    loss = loss_pg
-                    stats = {"loss_policy": loss_pg}
-                    if cfg.kl_coef > 0.0:
-                        with torch.no_grad():
-                            ref_logp = self.ref_policy.log_prob(obs, act)
-                        loss_kl = aggregate_loss(k3_kl(logp, ref_logp), m, cfg.loss_aggregation, w)
-                        loss = loss + cfg.kl_coef * loss_kl
-                        stats["loss_kl"] = loss_kl
-                    ent = masked_mean(entropy, m)
-                    if cfg.ent_coef:
-                        loss = loss - cfg.ent_coef * ent
-                    stats["loss_entropy"] = -ent
-                    stats["entropy"] = ent
-                    stats["loss_total"] = loss
-                    stats.update(ratio_stats(logratio.detach(), cfg.clip_low, cfg.clip_high, m))
-                    stats["grad_norm"] = self._apply_gradients(loss)
-                    accumulate(sums, stats)
+                    stats, grad_norm = self._minibatch_step(
+                        self._minibatch_loss, batch.obs[:, mb], batch.actions[:, mb], mask[:, mb],
+                        batch.behaviour_logp[:, mb], adv_col[mb], w)
+                    stats["grad_norm"] = grad_norm
+                    accumulate_tensors(sums, stats)
                     count += 1
             if cfg.normalize_obs:
                 self.policy.obs_rms.update(batch.obs[mask])
         self.step += 1
-        out = {k: v / max(count, 1) for k, v in sums.items()}
+        out = {k: float(v) / max(count, 1) for k, v in sums.items()}
         if count == 0:
             out.update({"loss_policy": 0.0, "loss_total": 0.0})
         out.update(metrics)

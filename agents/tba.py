@@ -64,7 +64,7 @@ import torch
 from torch import Tensor, nn
 
 from agents.agro import AGRO, AGROConfig
-from agents.base import accumulate, minibatch_indices, rollout_mask
+from agents.base import accumulate_tensors, minibatch_indices, rollout_mask
 from agents.core import TrajectoryBatch
 from agents.grpo import group_stats, rollout_returns
 
@@ -206,7 +206,7 @@ class TBA(AGRO):
         return (self._sample_weights(batch) * m).sum(0) / m.sum(0).clamp_min(1.0)
 
     def set_learning_rate(self, lr: float) -> None:
-        self.optimizer.param_groups[0]["lr"] = lr  # the log Z group keeps its own rate
+        self._set_group_lr(self.optimizer.param_groups[0], lr)  # the log Z group keeps its own rate
 
     def update(self, batch: TrajectoryBatch) -> dict[str, float]:
         if self.config.objective == "agro":
@@ -233,30 +233,21 @@ class TBA(AGRO):
         _, inverse = torch.unique(gid, return_inverse=True)
         num_groups = int(inverse.max()) + 1
 
-        sums: dict[str, float] = {}
+        sums: dict[str, Tensor] = {}
         count = 0
         for _ in range(cfg.update_epochs):
             for mb_groups in minibatch_indices(num_groups, cfg.num_minibatches, self.generator, self.device):
                 cols = torch.isin(inverse, mb_groups).nonzero().squeeze(-1)
-                logp = self.policy.log_prob(batch.obs[:, cols], batch.actions[:, cols])
-                sum_logp = (logp * m[:, cols]).sum(0)
-                terms = trajectory_balance_loss(
-                    sum_logp,
-                    log_reward[cols],
-                    self.log_z if cfg.tb_logz == "learned" else None,
-                    gid[cols],
-                    w_col[cols],
-                )
-                loss = terms["loss_tb"]
-                stats: dict[str, Any] = dict(terms)
-                stats["loss_total"] = loss
-                stats["grad_norm"] = self._apply_gradients(loss)
-                accumulate(sums, stats)
+                stats, grad_norm = self._minibatch_step(
+                    self._tb_loss, batch.obs[:, cols], batch.actions[:, cols], m[:, cols], log_reward[cols], gid[cols],
+                    w_col[cols])
+                stats["grad_norm"] = grad_norm
+                accumulate_tensors(sums, stats)
                 count += 1
         if cfg.normalize_obs:
             self.policy.obs_rms.update(batch.obs[mask])
         self.step += 1
-        out = {k: v / max(count, 1) for k, v in sums.items()}
+        out = {k: float(v) / max(count, 1) for k, v in sums.items()}
         out.update(
             {
                 "return_mean": float(R.mean()),
@@ -267,6 +258,18 @@ class TBA(AGRO):
             }
         )
         return out
+
+    def _tb_loss(self, obs: Tensor, act: Tensor, m: Tensor, log_reward: Tensor, gid: Tensor,
+                 w: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """One minibatch of whole groups: the trajectory-balance loss and stats (the captured step's)."""
+        logp = self.policy.log_prob(obs, act)
+        sum_logp = (logp * m).sum(0)
+        terms = trajectory_balance_loss(sum_logp, log_reward, self.log_z if self.config.tb_logz == "learned" else None,
+                                        gid, w)
+        loss = terms["loss_tb"]
+        stats: dict[str, Tensor] = {k: v.detach() for k, v in terms.items()}
+        stats["loss_total"] = loss.detach()
+        return loss, stats
 
     def _extra_state(self) -> dict[str, Any]:
         state = super()._extra_state()

@@ -134,21 +134,10 @@ class PPO(BaseAlgorithm):
         for _ in range(cfg.update_epochs):
             epoch_start = len(rows)
             for mb in minibatch_indices(n, self.minibatches(n, cfg.num_minibatches), self.generator, self.device):
-                newlogp, entropy, newvalue = self.policy.net.evaluate(b_obs_norm[mb], b_act[mb])
-                mb_adv = b_adv[mb]
-                if cfg.norm_adv and mb_adv.numel() > 1:
-                    mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
                 w = b_w[mb] if b_w is not None else None
-                pl = policy_loss(newlogp, b_logp[mb], mb_adv, cfg.clip_coef, weight=w)
-                v_loss = value_loss(newvalue, b_val[mb], b_ret[mb], cfg.clip_coef if cfg.clip_vloss else None, weight=w)
-                ent = entropy.mean()
-                loss = pl["loss_policy"] - cfg.ent_coef * ent + cfg.vf_coef * v_loss
-                grad_norm = self._gradient_step(loss)
-                rows.append(torch.stack([
-                    pl["loss_policy"].detach(), v_loss.detach(), -ent.detach(), loss.detach(), ent.detach(),
-                    pl["approx_kl"], pl["old_approx_kl"], pl["clipfrac"], pl["ratio_mean"],
-                    grad_norm.to(loss.dtype).reshape(()),
-                ]))
+                stats, grad_norm = self._minibatch_step(
+                    self._minibatch_loss, b_obs_norm[mb], b_act[mb], b_logp[mb], b_adv[mb], b_val[mb], b_ret[mb], w)
+                rows.append(torch.cat([stats, grad_norm.to(stats.dtype).reshape(1)]))
             epochs_run += 1
             if (cfg.target_kl is not None and len(rows) > epoch_start
                     and float(torch.stack(rows[epoch_start:])[:, kl_col].mean()) > cfg.target_kl):
@@ -180,6 +169,23 @@ class PPO(BaseAlgorithm):
             }
         )
         return metrics
+
+    def _minibatch_loss(self, obs_norm: Tensor, act: Tensor, old_logp: Tensor, adv: Tensor, old_values: Tensor,
+                        returns: Tensor, w: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+        """One minibatch's loss and its ``_STATS`` row but the grad norm (what the captured step compiles)."""
+        cfg = self.config
+        newlogp, entropy, newvalue = self.policy.net.evaluate(obs_norm, act)
+        if cfg.norm_adv and adv.numel() > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        pl = policy_loss(newlogp, old_logp, adv, cfg.clip_coef, weight=w)
+        v_loss = value_loss(newvalue, old_values, returns, cfg.clip_coef if cfg.clip_vloss else None, weight=w)
+        ent = entropy.mean()
+        loss = pl["loss_policy"] - cfg.ent_coef * ent + cfg.vf_coef * v_loss
+        row = torch.stack([
+            pl["loss_policy"].detach(), v_loss.detach(), -ent.detach(), loss.detach(), ent.detach(),
+            pl["approx_kl"], pl["old_approx_kl"], pl["clipfrac"], pl["ratio_mean"],
+        ])
+        return loss, row
 
     def _extra_state(self) -> dict[str, Any]:
         return {"reward_scaler": self.reward_scaler.state_dict()}

@@ -121,9 +121,13 @@ def reference_update(agent: Agent, b: TrajectoryBatch, seed: int, cfg: dict, tar
     return out
 
 
+@pytest.mark.parametrize("path", ["eager", pytest.param("captured", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("target_kl", [None, 0.05], ids=["all-epochs", "early-stop"])
-def test_update_equals_a_hand_written_cleanrl_step(target_kl):
+def test_update_equals_a_hand_written_cleanrl_step(target_kl, path):
+    """Both update paths: eager, and captured (each minibatch step one compiled graph)."""
     algo = PPO(PPOConfig(**CFG, target_kl=target_kl), OBS, ACT)
+    if path == "captured":
+        algo.enable_capture()
     batch = make_batch(algo)
     agent = Agent(algo.policy.net)
     want = reference_update(agent, batch, CFG["seed"], CFG, target_kl)
@@ -135,6 +139,9 @@ def test_update_equals_a_hand_written_cleanrl_step(target_kl):
         assert got["epochs_run"] == CFG["update_epochs"]
     else:
         assert got["epochs_run"] == 4  # epoch means of approx_kl: 0.0495, 0.0483, 0.0495, 0.0503 > 0.05
+    if path == "captured":  # every step ran compiled, one graph for the one minibatch shape
+        assert algo.capture.compiles == 1 and algo.capture.eager_steps == 0
+        assert algo.capture.captured_steps == got["epochs_run"] * CFG["num_minibatches"]
     for k, v in want.items():
         assert got[k] == pytest.approx(v, abs=1e-6, rel=1e-6), k
     params = dict(agent.named_parameters())

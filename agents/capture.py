@@ -1,0 +1,85 @@
+"""The captured update: one minibatch step -- forward, loss, backward, grad clip and Adam -- compiled
+as a whole with ``torch.compile``, one graph per input signature (shapes, dtypes, which optional
+inputs are present).
+
+Shapes never recompile silently per step: each new signature compiles once (counted, its time
+kept apart in ``compile_s``), up to ``max_shapes``; a signature past the cap (a ragged last
+minibatch, a new batch size after the cap was reached) runs the same step eagerly and is counted
+in ``eager_steps``. ``pays_to_capture`` is the "auto" rule of ``TrainConfig.compile_update``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor
+
+__all__ = ["CaptureStats", "CapturedStep", "signature", "pays_to_capture", "CAPTURE_PAYS_AFTER_STEPS"]
+
+#: Optimizer steps a run must take before the captured update pays for its compile on CPU
+#: (bench/update.py, docs/benchmarks.md: about 10-30 s of compile against ~1-3 ms saved per step).
+CAPTURE_PAYS_AFTER_STEPS = 20_000
+
+
+@dataclass
+class CaptureStats:
+    """What the captured update did: graphs compiled, their compile seconds, steps by path."""
+
+    compiles: int = 0
+    compile_s: float = 0.0
+    captured_steps: int = 0
+    eager_steps: int = 0
+    """Steps run eagerly because their signature was new past ``max_shapes`` (counted fallbacks)."""
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: float(v) for k, v in asdict(self).items()}
+
+
+def signature(args: tuple[Any, ...]) -> tuple:
+    """What a compiled graph is specialised on: each tensor's shape, dtype and device; None."""
+    return tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, Tensor) else (type(a).__name__, a) for a in args)
+
+
+class CapturedStep:
+    """``body(*tensors)`` compiled per signature, at most ``max_shapes`` of them (see module doc)."""
+
+    def __init__(self, body: Callable[..., Any], stats: CaptureStats, max_shapes: int = 8, mode: Optional[str] = None,
+                 backend: str = "inductor"):
+        self.body = body
+        self.stats = stats
+        self.max_shapes = int(max_shapes)
+        self.compiled = torch.compile(body, dynamic=False, mode=mode, backend=backend)
+        self.seen: set[tuple] = set()
+        limit = max(64, 4 * self.max_shapes)  # every algorithm instance compiles its own graphs
+        cfg = torch._dynamo.config
+        cfg.recompile_limit = max(cfg.recompile_limit, limit)
+        cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 8 * limit)
+
+    def __call__(self, *args: Any) -> Any:
+        sig = signature(args)
+        if sig in self.seen:
+            self.stats.captured_steps += 1
+            return self.compiled(*args)
+        if len(self.seen) >= self.max_shapes:
+            self.stats.eager_steps += 1
+            return self.body(*args)
+        t0 = time.perf_counter()
+        out = self.compiled(*args)
+        if any(isinstance(a, Tensor) and a.is_cuda for a in args):
+            torch.cuda.synchronize()
+        self.stats.compile_s += time.perf_counter() - t0
+        self.stats.compiles += 1
+        self.stats.captured_steps += 1
+        self.seen.add(sig)
+        return out
+
+
+def pays_to_capture(algo: str, device: str, optimizer_steps: int, ranks: int = 1) -> bool:
+    """The "auto" rule: capture a run whose update takes at least ``CAPTURE_PAYS_AFTER_STEPS``
+    optimizer steps (its compile amortised), on one rank (data-parallel ranks all-reduce from
+    gradient hooks, which stay eager), for the algorithms measured to gain (PPO, AGRO)."""
+    del device  # the same rule on CPU and CUDA until a GPU run measures otherwise
+    return ranks == 1 and algo in ("ppo", "agro") and optimizer_steps >= CAPTURE_PAYS_AFTER_STEPS
