@@ -285,6 +285,8 @@ def test_train_decoupled_smoke(rl_topics, tmp_path):
     assert procs["streams"]["freshness"] == 1.0 and set(procs["streams"]["drops"]) <= {"duplicate"}
     # every child was probed (liveness, as the manifests' probe) and none was restarted
     assert summary["restarts"] == {} and summary["restart_reasons"] == []
+    assert "liveness_probe_failed" not in err, err[-3000:]  # a clean finish is no failed probe
+    assert out.strip().splitlines()[-1].startswith("verdict: ") and '"summary"' not in out, out[-3000:]
 
     # the supervisor's progress lines over time: each window's latency (every actor's adoptions
     # in it) and freshness (the stream workers' checked samples in it), in timeline.json
