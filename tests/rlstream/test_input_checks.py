@@ -181,3 +181,22 @@ def test_several_learner_ranks_need_decoupled_mode(tmp_path):
     cfg = train_config(build_parser().parse_args(["train", "--env", "Pendulum-v1", "--mode", "decoupled", "--device",
                                                   "cpu", "--learners", "2", "--run-dir", str(tmp_path)]))
     assert (cfg.device, cfg.learners) == ("cpu", 2)
+
+
+def test_a_learner_refuses_cuda_devices_this_machine_lacks(tmp_path):
+    line = refused(rlstream(["learner", "--env", "Pendulum-v1", "--device", "cuda:0,1", "--run-dir", "r"], tmp_path),
+                   tmp_path)
+    assert line == ("rlstream learner: --device cuda:0,1: this machine has no CUDA device; the same run here: "
+                    "rlstream learner --env Pendulum-v1 --device cpu --run-dir r --learners 2")
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_short_summary_of_a_decoupled_run():
+    from runtime.progress import short_summary
+
+    summary = {"mode": "decoupled", "algo": "agro", "env": "Ant-v5", "steps": 4096, "return_mean20": 1.0,
+               "processes": {"learner": {"wall_s": 8.0, "updates": 2, "final_version": 2}}}
+    assert short_summary(summary, "abc", Path("runs/abc")).splitlines() == [
+        "run abc (agro on Ant-v5, decoupled): runs/abc",
+        "4,096 env steps in 8.0 s (512 steps/s), 2 updates to policy version 2",
+        "summary: runs/abc/summary.json (--json prints it)"]
