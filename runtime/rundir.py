@@ -191,7 +191,9 @@ class RunDir:
         A new (or empty) directory gets a marker. ``join`` (a role of a run started elsewhere)
         accepts a directory already marked as ``run_id``'s. ``resume`` continues the run a
         directory holds, under its recorded id. Anything else that holds a run is refused, and so
-        is a directory that is not a run and not empty: a run never writes among other files."""
+        is a directory holding anything a run does not write: a run never writes among other files.
+        One holding only a run's file names (a role's log, redirected there before it started) is
+        taken."""
         info = self.info()
         if info is not None:
             if resume or (join and info.run_id == run_id):
@@ -205,14 +207,15 @@ class RunDir:
         if self.path.exists() and not self.path.is_dir():
             raise RunDirError(f"{self.path} is a file, not a run directory")
         entries = sorted(p.name for p in self.path.iterdir()) if self.path.is_dir() else []
-        if entries:
-            if not is_run(self.path):
-                shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
-                raise RunDirError(f"{self.path} is not empty and is not a run directory (it holds {shown}); "
-                                  "choose a new or empty --run-dir")
-            if not resume:
-                raise RunDirError(f"{self.path} holds an earlier run; pass --resume to continue it, "
-                                  "or choose another --run-dir")
+        foreign = [n for n in entries if not _matches_run_file(n)]
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+            raise RunDirError(f"{self.path} is not empty and is not a run directory (it holds {shown}); "
+                              "choose a new or empty --run-dir")
+        if entries and is_run(self.path) and not resume:  # a run from before markers
+            raise RunDirError(f"{self.path} holds an earlier run; pass --resume to continue it, "
+                              "or choose another --run-dir")
+        # else new, empty, or holding only what a run's roles write first (their logs): this run's
         self.path.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.marker, RunInfo(run_id=run_id, mode=mode, created=time.time(), algo=algo,
                                                env_id=env_id, namespace=namespace, host=socket.gethostname(),

@@ -136,7 +136,7 @@ class StreamsProcesses:
                "RLSTREAM_STALENESS_K": "1000000", "RLSTREAM_STALENESS_MS": "none",
                # Faust's own setting: a SIGKILLed worker leaves the group in seconds, not 60 s
                "BROKER_SESSION_TIMEOUT": "6"}
-        fill = {"datadir": str(self.rig.run_dir / f"faust-{n}"), "port": str(self.port)}
+        fill = {"datadir": str(self.rig.run_dir / f"streams-data-{n}"), "port": str(self.port)}
         cmd = self.rig.place(f"streams-{n}") + [sys.executable, *(a.format(**fill) for a in SHELL_CMDS[self.shell])]
         self.workers.append(Role(f"streams-{n}", cmd, self.rig.run_dir / f"streams.{n}.log", self.rig.env | env))
         self.rig.roles.append(self.workers[-1])

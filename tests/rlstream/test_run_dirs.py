@@ -180,3 +180,17 @@ def test_a_replay_without_dpo_makes_no_run(two_runs) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout)["summary"]["pairs_built"] > 0
     assert sorted(os.listdir(cwd / "runs")) == before
+
+
+def test_a_directory_holding_only_role_logs_is_taken(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "learner.1.log").write_text("started\n")  # a shell redirect made it before the role started
+    assert RunDir(run).claim("r", mode="decoupled", join=True) == "r"
+    assert RunDir(run).info().run_id == "r" and (run / "learner.1.log").read_text() == "started\n"
+    legacy = tmp_path / "legacy"
+    (legacy / "log").mkdir(parents=True)
+    (legacy / "log" / "_topics.json").write_text("{}")
+    with pytest.raises(RunDirError, match="holds an earlier run"):
+        RunDir(legacy).claim("x", mode="colocated")
+    assert RunDir(legacy).claim("x", mode="colocated", resume=True) == "x"
