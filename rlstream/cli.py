@@ -133,8 +133,6 @@ def parse_training(a: argparse.Namespace, argv: list[str]) -> None:
         raise SystemExit(f"{prog}: --algo {a.train.algo!r} is not trained online; choose from {list(TRAINABLE)}")
     if a.command == "train":  # before anything is created: an env or device this machine cannot run
         guide.check_runs_here(a.train.env_id, a.train.device, a.train.learners, a.mode, typed)
-    elif a.command == "learner" and getattr(a, "config", None) is None and not a.env.config_path:
-        guide.check_runs_here(a.train.env_id, a.train.device, a.train.learners, "decoupled", typed)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -183,14 +183,6 @@ def test_several_learner_ranks_need_decoupled_mode(tmp_path):
     assert (cfg.device, cfg.learners) == ("cpu", 2)
 
 
-def test_a_learner_refuses_cuda_devices_this_machine_lacks(tmp_path):
-    line = refused(rlstream(["learner", "--env", "Pendulum-v1", "--device", "cuda:0,1", "--run-dir", "r"], tmp_path),
-                   tmp_path)
-    assert line == ("rlstream learner: --device cuda:0,1: this machine has no CUDA device; the same run here: "
-                    "rlstream learner --env Pendulum-v1 --device cpu --run-dir r --learners 2")
-    assert not (tmp_path / "r").exists()
-
-
 def test_the_short_summary_of_a_decoupled_run():
     from runtime.progress import short_summary
 
