@@ -17,11 +17,15 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-__all__ = ["CaptureStats", "CapturedStep", "signature", "pays_to_capture", "CAPTURE_PAYS_AFTER_STEPS"]
+__all__ = ["CaptureStats", "CapturedStep", "signature", "pays_to_capture", "BREAK_EVEN_STEPS"]
 
-#: Optimizer steps a run must take before the captured update pays for its compile on CPU
-#: (bench/update.py, docs/benchmarks.md: about 10-30 s of compile against ~1-3 ms saved per step).
-CAPTURE_PAYS_AFTER_STEPS = 20_000
+#: Optimizer steps after which the captured update has paid for its compile on CPU, per algorithm:
+#: compile seconds over seconds saved per step, measured by ``bench/update.py --compare`` at 2,048
+#: samples on a loaded 2-core machine (docs/benchmarks.md): PPO 35 s / 2.8 ms, AGRO 24 s / 1.0 ms.
+BREAK_EVEN_STEPS = {"ppo": 12_500, "agro": 25_000}
+#: The auto rule wants a run of this many times its break-even (the compile then costs at most half
+#: of what it saves).
+CAPTURE_MARGIN = 2
 
 
 @dataclass
@@ -78,8 +82,9 @@ class CapturedStep:
 
 
 def pays_to_capture(algo: str, device: str, optimizer_steps: int, ranks: int = 1) -> bool:
-    """The "auto" rule: capture a run whose update takes at least ``CAPTURE_PAYS_AFTER_STEPS``
-    optimizer steps (its compile amortised), on one rank (data-parallel ranks all-reduce from
-    gradient hooks, which stay eager), for the algorithms measured to gain (PPO, AGRO)."""
-    del device  # the same rule on CPU and CUDA until a GPU run measures otherwise
-    return ranks == 1 and algo in ("ppo", "agro") and optimizer_steps >= CAPTURE_PAYS_AFTER_STEPS
+    """The "auto" rule: capture a run whose optimizer steps reach ``CAPTURE_MARGIN`` times its
+    algorithm's ``BREAK_EVEN_STEPS`` (the algorithms measured to gain: PPO, AGRO), on one rank
+    (data-parallel ranks all-reduce from gradient hooks, which stay eager)."""
+    del device  # the CPU's figures on CUDA too, until a GPU run measures them (bench/gpu_check.py)
+    even = BREAK_EVEN_STEPS.get(algo)
+    return ranks == 1 and even is not None and optimizer_steps >= CAPTURE_MARGIN * even

@@ -180,6 +180,11 @@ class TrainConfig:
     """Seconds between progress lines."""
     device: str = "cpu"
     """torch device of the learner: cpu, cuda, cuda:1, or one per rank, cuda:0,1,2,3."""
+    compile_update: bool | None = None
+    """Capture each minibatch step (forward, loss, backward, Adam) with torch.compile
+    (``agents.capture``). None: auto, on where it pays (``agents.capture.pays_to_capture``: PPO or
+    AGRO on one rank, in a run of twice the optimizer steps its compile takes to pay back, e.g.
+    CleanRL's 1M-step PPO; docs/benchmarks.md). False: eager; True: always (any algorithm)."""
     learners: int | None = None
     """Data-parallel learner ranks (docs/explanation/learner-ranks.md); None: one per device of ``device``."""
     grad_compression: str = "none"

@@ -1,8 +1,12 @@
-"""PreparedBatch events -> one TrajectoryBatch (pure; no I/O)."""
+"""PreparedBatch events -> one TrajectoryBatch (pure; no I/O), and that batch onto the learner's
+device once (``to_device``: pinned host memory and non-blocking copies on CUDA)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+import torch
 
 from agents.core import TrajectoryBatch
 from schemas.events import PreparedBatch
@@ -104,3 +108,27 @@ def to_trajectory_batch(batches: list[PreparedBatch], stream_ids: StreamIds) -> 
         group_id=group,
         stream_ids=np.concatenate([stream_ids.ids(b.sample.actor_id, b.sample.num_envs) for b in batches]),
     )
+
+
+def copy_plan(device: torch.device | str) -> tuple[bool, bool]:
+    """``(pin, non_blocking)`` of the host-to-``device`` copy: both on CUDA (page-locked memory
+    lets the copy run asynchronously beside the host), neither where the batch stays on the host."""
+    on_cuda = torch.device(device).type == "cuda"
+    return on_cuda, on_cuda
+
+
+def to_device(batch: TrajectoryBatch, device: torch.device | str, pin: bool | None = None) -> TrajectoryBatch:
+    """``batch`` with every tensor on ``device``, each moved once: pinned first when ``pin``
+    (default: ``copy_plan``), then copied non-blocking. A batch already there is returned as is
+    (zero-copy on CPU: the tensors still share the numpy arrays' memory)."""
+    device = torch.device(device)
+    plan_pin, non_blocking = copy_plan(device)
+    pin = plan_pin if pin is None else pin
+    changes = {}
+    for f in dataclasses.fields(batch):
+        v = getattr(batch, f.name)
+        if isinstance(v, torch.Tensor) and v.device != device:
+            if pin and v.device.type == "cpu" and not v.is_pinned():
+                v = v.pin_memory()
+            changes[f.name] = v.to(device, non_blocking=non_blocking)
+    return dataclasses.replace(batch, **changes) if changes else batch

@@ -23,6 +23,7 @@ one dedup store (``streams.processors.reorder.SeenIds``) of the ids trained, and
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +32,7 @@ import torch
 
 from agents.core import Algorithm
 from agents.vtrace import VTraceConfig, behaviour_weights, importance_weights
-from learner.batching import StreamIds, to_trajectory_batch
+from learner.batching import StreamIds, to_device, to_trajectory_batch
 from learner.ranks import Ranks, SingleRank
 from learner.replay import ReplayCache, replayed_batch
 from schemas.events import GradientStep, PreparedBatch, now_ms
@@ -95,6 +96,28 @@ class LearnerStats:
     policy_lag_overrides: int = 0
     """Updates taken with the policy-lag breaker open because ``hold_cap`` transitions waited."""
     last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+PHASES = ("decode", "copy", "update", "publish")
+
+
+@dataclass
+class RoundTiming:
+    """Where the learner's rounds spend their time, in seconds: ``decode`` (fragments to one
+    batch), ``copy`` (onto the device; on CUDA the copy is non-blocking, so the part that overlaps
+    shows in ``update``), ``update`` (the algorithm, compiles included), ``publish`` (the new
+    version and GradientStep, by the shell). ``last``: the last round's; ``total``: all rounds'."""
+
+    last: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    total: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.last[phase] = seconds
+        self.total[phase] += seconds
+
+    def summary(self, compile_s: float = 0.0) -> dict[str, float]:
+        """Totals by phase, with the compile seconds inside ``update`` also shown apart."""
+        return {**{k: round(v, 4) for k, v in self.total.items()}, "compile": round(compile_s, 4)}
 
 
 @dataclass(frozen=True)
@@ -166,6 +189,7 @@ class LearnerCore:
         self._pending_ids: set[str] = set()
         self.buffered = 0  # transitions in ``pending``
         self.stream_ids = stream_ids or StreamIds()
+        self.timing = RoundTiming()
 
     @property
     def policy(self) -> Any:
@@ -227,8 +251,16 @@ class LearnerCore:
             replayed = self.replay.draw(self.restate)
         n_replayed = sum(f.batch.sample.size for f in replayed)
         train = batches + [f.batch for f in replayed]
+        t0 = time.perf_counter()
         batch = to_trajectory_batch(train, self.stream_ids) if train else None  # None: a rank with no share
+        t1 = time.perf_counter()
+        if batch is not None:  # onto the device once, here (the algorithm's own move is then a no-op)
+            batch = to_device(batch, next(self.algo.policy.parameters()).device)
+        t2 = time.perf_counter()
         metrics = self.ranks.update(batch, n_samples + n_replayed)
+        self.timing.add("decode", t1 - t0)
+        self.timing.add("copy", t2 - t1)
+        self.timing.add("update", time.perf_counter() - t2)
         if self.replay is not None:
             self.replay.add(fragments)
             metrics = {**metrics, **self.replay.metrics()}

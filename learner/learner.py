@@ -298,10 +298,12 @@ class Learner:
         for f in upd.fragments:
             self._release(f)
         self._offsets = self.consumer.ledger.offsets()
+        t_pub = time.perf_counter()
         self._publish_version(upd.to_version, parent=upd.from_version, metrics=upd.metrics)
         if self.ranks.publisher:
             self.events.publish(LEARNER_STEPS, upd.step(now_ms()), key=self.config.learner_id)
             self.events.flush()
+        self.core.timing.add("publish", time.perf_counter() - t_pub)
         self.consumer.commit(offsets=self._offsets)
         if self.schedule is not None:
             by_count, by_time = self.schedule.due(self.stats.updates)
@@ -380,7 +382,14 @@ class Learner:
                 "policy_lag": self.stats.policy_lag, "policy_lag_breaker": self._policy_breaker_summary(),
                 "replay": self._replay_summary(),
                 "minibatch_size": getattr(self.algo, "minibatch_size", None),
-                "minibatch_changes": self.batch_control.changes if self.batch_control is not None else None}
+                "minibatch_changes": self.batch_control.changes if self.batch_control is not None else None,
+                **self._time_summary()}
+
+    def _time_summary(self) -> dict[str, Any]:
+        """Where the rounds' time went (``LearnerCore.timing``) and the captured update's counters."""
+        capture = getattr(self.algo, "capture", None)
+        return {"time_s": self.core.timing.summary(capture.compile_s if capture is not None else 0.0),
+                "capture": capture.as_dict() if capture is not None else None}
 
     def _replay_summary(self) -> dict[str, Any] | None:
         r = self.core.replay

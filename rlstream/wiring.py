@@ -57,7 +57,23 @@ def build_algo(cfg: TrainConfig, obs_dim: int, act_dim: int, nvec: tuple[int, ..
     if cfg.algo == "ppo" and "total_updates" not in overrides:
         overrides["total_updates"] = max(1, cfg.total_steps // cfg.train_batch_size)
     torch.manual_seed(cfg.seed)
-    return make_algorithm(cfg.algo, obs_dim, act_dim, overrides, cfg.device)
+    algo = make_algorithm(cfg.algo, obs_dim, act_dim, overrides, cfg.device)
+    if capture_update(cfg, algo):
+        algo.enable_capture()
+    return algo
+
+
+def capture_update(cfg: TrainConfig, algo) -> bool:
+    """``cfg.compile_update``, or its auto rule on the run's optimizer steps (``agents.capture``)."""
+    from agents.capture import pays_to_capture
+
+    if cfg.compile_update is not None or not hasattr(algo, "enable_capture"):
+        return bool(cfg.compile_update) and hasattr(algo, "enable_capture")
+    c = algo.config
+    per_update = getattr(c, "update_epochs", 1) * getattr(c, "num_minibatches", 1)
+    steps = max(1, cfg.total_steps // max(1, cfg.train_batch_size)) * per_update
+    ranks = cfg.learners or len(str(cfg.device).split(","))
+    return pays_to_capture(cfg.algo, cfg.device, steps, ranks)
 
 
 def group_size(cfg: TrainConfig) -> int:
@@ -266,6 +282,8 @@ def build_learner(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, a
             metrics.count_learner_steps()
             metrics.set_policy_version(learner.version)
             metrics.observe_step_time(seconds, "update")
+            for phase, s in learner.core.timing.last.items():  # the round's parts (LearnerCore.timing)
+                metrics.observe_step_time(s, f"learner_{phase}")
             if "minibatch_size" in m:
                 metrics.set_batch_size(int(m["minibatch_size"]))
             if "replay_cache_samples" in m:

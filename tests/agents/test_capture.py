@@ -130,5 +130,6 @@ def test_state_moves_between_the_paths_with_float_rates(bandit):
 def test_auto_captures_long_single_rank_runs_of_the_measured_algorithms():
     assert pays_to_capture("ppo", "cpu", 156_160)  # CleanRL's 1M steps: 488 updates x 320 steps
     assert not pays_to_capture("ppo", "cpu", 3_200)  # a short run: the compile would not pay
+    assert not pays_to_capture("agro", "cpu", 488 * 32)  # AGRO's 32 steps an update: 1M steps do not pay
     assert not pays_to_capture("ppo", "cpu", 156_160, ranks=2)
     assert not pays_to_capture("grpo", "cpu", 156_160)
