@@ -90,13 +90,15 @@ build() {
   local name=$1 tag=$2 dockerfile=$3 context=$4; shift 4
   local base_id inputs t0
   base_id=$("$ENGINE" image inspect --format '{{ .Id }}' "$BASE" 2>/dev/null || echo "$BASE")
-  inputs=$( { sha256sum "$dockerfile" | cut -c1-64; hash_dir "$context"; echo "$base_id" "$*"; } | sha256sum | cut -c1-16)
+  inputs=$( { sha256sum "$dockerfile" | cut -c1-64; hash_dir "$context"; echo "$base_id" "$*" docker-format; } | sha256sum | cut -c1-16)
   if [ "$(label_of "$tag")" = "$inputs" ]; then report "$name" "$tag" cached 0; return; fi
   log "$name: build $tag ($dockerfile)"
   t0=$(date +%s)
-  local mounts=()
+  local mounts=() format=()
   [ -f "$CA" ] && mounts+=(-v "$CA:/etc/ssl/certs/ca-certificates.crt:ro")
-  "$ENGINE" build --network host "${mounts[@]}" --build-arg "BASE=$BASE" --label "rlstream.inputs=$inputs" \
+  # podman writes OCI images by default, which have no HEALTHCHECK: keep Docker's format
+  [ "$ENGINE" = podman ] && format=(--format docker)
+  "$ENGINE" build "${format[@]}" --network host "${mounts[@]}" --build-arg "BASE=$BASE" --label "rlstream.inputs=$inputs" \
     -f "$dockerfile" -t "$tag" "$@" "$context" >&2
   report "$name" "$tag" built "$(( $(date +%s) - t0 ))"
 }

@@ -159,7 +159,7 @@ class Stack:
 
     def down(self) -> None:
         with contextlib.suppress(Exception):
-            self.compose("--profile", "scale", "down", "-v", "-t", "5", check=False, timeout=240)
+            self.compose("--profile", "serve", "--profile", "scale", "down", "-v", "-t", "5", check=False, timeout=240)
         for c in self.containers():  # whatever compose did not remove
             podman("rm", "-f", "-v", c["Id"], check=False)
         for v in self.volumes():
@@ -190,3 +190,33 @@ def stack_factory(images, tmp_path) -> Iterator[Callable[[dict[str, str]], Stack
     yield make
     for s in made:
         s.down()
+
+
+@pytest.fixture(scope="session")
+def docker_api(podman_ready, tmp_path_factory) -> Iterator[str]:
+    """podman's Docker-compatible API on a socket of this session (for testcontainers and
+    docker-py), with Ryuk (the reaper, an image that cannot be pulled here) off: the fixtures
+    that start containers stop them."""
+    sock = tmp_path_factory.mktemp("podman-api") / "podman.sock"
+    url = f"unix://{sock}"
+    proc = subprocess.Popen(["podman", "system", "service", "--time", "0", url], env=podman_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    saved = {k: os.environ.get(k) for k in ("DOCKER_HOST", "TESTCONTAINERS_RYUK_DISABLED")}
+    try:
+        wait_for(lambda: sock.exists() or proc.poll() is not None, 30, "podman's API socket", every=0.2)
+        assert proc.poll() is None, proc.stderr.read().decode(errors="replace")
+        os.environ["DOCKER_HOST"] = url
+        os.environ["TESTCONTAINERS_RYUK_DISABLED"] = "true"
+        yield url
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

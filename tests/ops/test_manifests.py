@@ -409,3 +409,32 @@ def test_probe_paths_are_served(k8s_docs: list[dict[str, Any]]) -> None:
                     assert resp.status == 200, path
             except urllib.error.HTTPError as err:  # pragma: no cover - reported as failure
                 pytest.fail(f"{path}: HTTP {err.code}")
+
+
+# -- the learner as N data-parallel ranks (k8s/ranks, not in the kustomization) --------------------
+
+def test_learner_ranks_statefulset_validates_and_agrees_with_the_learner() -> None:
+    import kubernetes_validate
+
+    from tests.ops.test_manifest_schemas import K8S_VERSIONS
+
+    ranks = load_yaml_docs(K8S / "ranks" / "learner-ranks.yaml")
+    for d in ranks:
+        for version in K8S_VERSIONS:
+            kubernetes_validate.validate(d, version, strict=True)
+    sts = next(d for d in ranks if d["kind"] == "StatefulSet")
+    svc = next(d for d in ranks if d["kind"] == "Service")
+    assert svc["spec"]["clusterIP"] == "None" and sts["spec"]["serviceName"] == svc["metadata"]["name"]
+    (c,) = sts["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in c["env"]}
+    world = sts["spec"]["replicas"]
+    assert env["WORLD_SIZE"]["value"] == str(world) and c["command"][c["command"].index("--learners") + 1] == str(world)
+    assert env["RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
+    assert env["MASTER_ADDR"]["value"].startswith(f"{sts['metadata']['name']}-0.{svc['metadata']['name']}.")
+    assert env["MASTER_PORT"]["value"] == str(svc["spec"]["ports"][0]["port"])
+    assert sts["spec"]["template"]["metadata"]["labels"]["app"] == "rl-trainer"
+    learner = next(d for d in load_yaml_docs(K8S / "learner.yaml") if d["kind"] == "Deployment")
+    (lc,) = learner["spec"]["template"]["spec"]["containers"]
+    assert {e["name"] for e in lc["env"] if "configMapKeyRef" in e.get("valueFrom", {})} == \
+        {e["name"] for e in c["env"] if "configMapKeyRef" in e.get("valueFrom", {})}
+    assert "--resume" in c["command"] and role_of(c["command"]) == "learner"
