@@ -36,6 +36,17 @@ class BusError(Exception):
     """The bus backend failed (broker unreachable, delivery failed, record too large...)."""
 
 
+class IncompleteReadError(BusError):
+    """A bounded read stopped short of the end offset it was asked to reach (the broker paused or
+    slow past the reader's deadline): never returned as if it were the whole range."""
+
+    def __init__(self, topic: str, partition: int, expected_end: int, reached: int, timeout: float) -> None:
+        super().__init__(f"read of {topic}[{partition}] reached offset {reached}, not the end offset {expected_end} "
+                         f"it was asked for: no progress for {timeout:.0f}s (offsets {reached}..{expected_end - 1} "
+                         "missing; broker slow or unreachable)")
+        self.topic, self.partition, self.expected_end, self.reached = topic, partition, expected_end, reached
+
+
 class RecordTooLargeError(BusError):
     """A record exceeds the configured maximum message size."""
 
@@ -176,6 +187,7 @@ class Bus(ABC):
         c = self.consumer(None, [topic], start="earliest")
         try:
             pending = {p: e for p, e in ends.items() if e > 0}
+            reached = dict.fromkeys(pending, 0)
             import time
 
             deadline = time.monotonic() + timeout
@@ -184,10 +196,12 @@ class Bus(ABC):
                 for r in recs:
                     if r.partition in pending and r.offset < pending[r.partition]:
                         yield r
+                        reached[r.partition] = r.offset + 1
                         if r.offset + 1 >= pending[r.partition]:
                             del pending[r.partition]
                 if not recs and time.monotonic() > deadline:
-                    raise BusError(f"replay of {topic} timed out; missing partitions {sorted(pending)}")
+                    p = min(pending)
+                    raise IncompleteReadError(topic, p, pending[p], reached[p], timeout)
                 if recs:
                     deadline = time.monotonic() + timeout
         finally:

@@ -874,13 +874,19 @@ class KafkaBus(Bus):
         queued = len(self._producer)  # records, and events such as error callbacks
         produced = self._produced
         left = self._producer.flush(timeout)
+        waited = 0.0
         if left and self.outage_wait > 0 and ERRORS.outage():
             log.warning("%d record(s) not delivered within %.0fs: broker %s unreachable, waiting up to "
                         "%.0fs more", left, timeout, self.bootstrap, self.outage_wait)
             deadline = time.monotonic() + self.outage_wait
+            said, waited = time.monotonic(), self.outage_wait
             while left and time.monotonic() < deadline:
                 self.check_auth()
                 left = self._producer.flush(1.0)
+                if left and time.monotonic() - said >= LOG_INTERVAL_S:  # not silent while it waits
+                    said = time.monotonic()
+                    log.warning("%d record(s) still not delivered to %s; giving up in %.0fs", left,
+                                self.bootstrap, max(0.0, deadline - said))
         with self._lock:
             failed, self._failed = self._failed, []
             count, self._unraised = self._unraised, 0
@@ -897,7 +903,8 @@ class KafkaBus(Bus):
             raise BusError(f"kafka producer failed fatally: {self._fatal}")
         if left:
             self.check_auth()
-            raise BusError(f"{left} record(s) not delivered within {timeout}s to {self.bootstrap}")
+            raise BusError(f"{left} record(s) not delivered within {timeout}s to {self.bootstrap}"
+                           + (f" and {waited:.0f}s more while it was unreachable" if waited else ""))
         if queued:
             self._auth_ok()
         if produced:  # records reached the broker (not only callbacks served): a round trip

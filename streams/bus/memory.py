@@ -137,6 +137,11 @@ class MemoryBus(Bus):
         with self._cond:
             return {i: p.end for i, p in enumerate(self._parts(topic))}
 
+    def log_start(self, topic: str, partition: int) -> int:
+        """The partition's oldest offset still held (retention moves it up)."""
+        with self._cond:
+            return self._parts(topic)[partition].base
+
     # -- produce ----------------------------------------------------------------------------
     def produce(self, topic, value, key=None, headers=None, partition=None) -> None:
         if self._closed:

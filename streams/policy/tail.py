@@ -13,7 +13,7 @@ from typing import Any
 # to every reader instead of the weights, and a process of many readers fetches them once.
 from schemas.errors import CodecError
 from schemas.events import PolicyVersion
-from streams.bus.base import Record
+from streams.bus.base import BusError, IncompleteReadError, Record
 from streams.events import EventBus
 from streams.topics import POLICY_VERSIONS
 
@@ -26,40 +26,51 @@ log = logging.getLogger(__name__)
 
 def _read_range(bus: Any, topic: str, partition: int, start: int, stop: int, ends: dict[int, int],
                 timeout: float) -> list[Record]:
-    """Records of ``topic[partition]`` with ``start <= offset < stop`` (ephemeral reader)."""
+    """Every record of ``topic[partition]`` with ``start <= offset < stop`` (ephemeral reader), or
+    ``IncompleteReadError`` (topic, partition, ``stop``, the offset reached) once ``timeout`` s
+    pass without progress short of ``stop``: a partial range is never returned as the whole.
+    Offsets below the log start (retention) are gone and not waited for."""
     offsets = {(topic, p): (start if p == partition else e) for p, e in ends.items()}
     c = bus.consumer(None, [topic], start=offsets)
     out: list[Record] = []
+    reached = start
     try:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            recs = c.poll(0.2, max_records=1000)
-            done = False
+        while reached < stop:
+            recs = [r for r in c.poll(0.2, max_records=1000) if r.partition == partition]
             for r in recs:
-                if r.partition != partition:
-                    continue
-                if r.offset >= stop:
-                    done = True
-                    break
-                if r.offset >= start:
+                if r.offset >= start and r.offset < stop:
                     out.append(r)
-                if r.offset >= stop - 1:
-                    done = True
-            if done:
-                break
+                reached = max(reached, r.offset + 1)
             if recs:
                 deadline = time.monotonic() + timeout
+            elif reached < stop and time.monotonic() >= deadline:
+                if _gone_below(bus, topic, partition, reached, stop):
+                    break
+                raise IncompleteReadError(topic, partition, stop, reached, timeout)
     finally:
         c.close()
     return out
 
 
+def _gone_below(bus: Any, topic: str, partition: int, reached: int, stop: int) -> bool:
+    """Whether the log holds nothing in ``[reached, stop)`` any more: retention moved its start to
+    ``stop`` or past it (only a bus that knows its log start can say so)."""
+    log_start = getattr(bus, "log_start", None)
+    try:
+        return log_start is not None and log_start(topic, partition) >= stop
+    except BusError:  # the broker does not answer that either: the gap stands
+        return False
+
+
 def tail_offsets(bus: Any, topic: str, matches: Callable[[Record], bool], timeout: float = 10.0,
-                 count: int = 1) -> dict[tuple[str, int], int]:
+                 count: int = 1, ends: dict[int, int] | None = None) -> dict[tuple[str, int], int]:
     """Per partition, the offset of the ``count``-th newest record for which ``matches`` holds
     (the oldest match where fewer do; the log end where none does). Reads back from the end in
-    growing windows (count, 4 count, ...), so it costs a few records, not a replay of the topic."""
-    ends = bus.end_offsets(topic)
+    growing windows (count, 4 count, ...), so it costs a few records, not a replay of the topic.
+    ``ends``: the end offsets to read back from (default: the topic's now). A window the broker
+    does not deliver within ``timeout`` raises ``IncompleteReadError``, never a short answer."""
+    ends = bus.end_offsets(topic) if ends is None else ends
     out: dict[tuple[str, int], int] = {}
     for p, end in ends.items():
         hits: list[int] = []
@@ -68,7 +79,7 @@ def tail_offsets(bus: Any, topic: str, matches: Callable[[Record], bool], timeou
             start = max(0, stop - window)
             recs = _read_range(bus, topic, p, start, stop, ends, timeout)
             hits.extend(sorted((r.offset for r in recs if matches(r)), reverse=True))
-            if start == 0 or not recs:
+            if start == 0 or not recs:  # the whole range read and empty: retention took what is older
                 break
             stop, window = start, window * 4
         out[(topic, p)] = hits[:count][-1] if hits else end
@@ -93,7 +104,7 @@ def newest_version(events: EventBus, policy_id: str = "policy", topic: str = POL
     match = decodes_as(events, PolicyVersion, lambda pv: pv.policy_id == policy_id)
     best: PolicyVersion | None = None
     ends = events.bus.end_offsets(topic)
-    for (t, p), off in tail_offsets(events.bus, topic, match, timeout).items():
+    for (t, p), off in tail_offsets(events.bus, topic, match, timeout, ends=ends).items():
         if off >= ends.get(p, 0):
             continue
         for rec in _read_range(events.bus, t, p, off, off + 1, ends, timeout):
