@@ -123,6 +123,10 @@ class Environment:
         return self.get(name) or None
 
     # -- typed settings ----------------------------------------------------------------------
+    def visible_devices(self) -> str:
+        """Which GPUs this process may see, as the CUDA and NVIDIA container runtimes say."""
+        return ", ".join(f"{n}={self.get(n, '(unset)')}" for n in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"))
+
     @property
     def kafka_brokers(self) -> str | None:
         return self.optional(ENV_KAFKA_BROKERS)

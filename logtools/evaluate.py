@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from actor.envs import import_env_module, spec_of, wrapper_fns
+from actor.envs import import_env_module, quiet_mujoco, spec_of, wrapper_fns
 from agents.networks import Policy
 
 
@@ -117,6 +117,7 @@ def evaluate(run_dir: str | Path, version: int | None = None, episodes: int = 10
         raise EvalError(f"{run_dir} does not record its env: pass --env")
     wrappers = list(recorded_wrappers if wrappers is None else wrappers)
     import_env_module(env_id)
+    quiet_mujoco(env_id)  # MuJoCo's model-file deprecation warnings are not the user's
     try:
         env = gym.make(env_id, render_mode="rgb_array" if video_dir else None)
     except gym.error.Error as e:

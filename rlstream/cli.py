@@ -508,18 +508,16 @@ def cmd_role(a: argparse.Namespace) -> int:
         cfg = replace(cfg, resume=True)  # a supervised restart: the run's config, resumed
     if config and a.metrics_port is not None:
         cfg = replace(cfg, metrics_port=a.metrics_port)  # this process's own port (the run's file has none)
-    claim_run_dir(cfg, join=True)  # a role joins its run's directory; another run's is refused
     role = a.command
     if role == "learner" and cfg.device.startswith("cuda"):
         import torch
 
         if not torch.cuda.is_available():  # say so, rather than torch's traceback at the first tensor
             print(f"rlstream learner: error: --device {cfg.device}, but no GPU is visible to this process "
-                  f"(torch.cuda.is_available() is False; CUDA_VISIBLE_DEVICES="
-                  f"{os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}, NVIDIA_VISIBLE_DEVICES="
-                  f"{os.environ.get('NVIDIA_VISIBLE_DEVICES', '(unset)')}). Run it where the NVIDIA runtime "
-                  "passes a GPU in (docs/deploy.md), or use --device cpu", file=sys.stderr, flush=True)
+                  f"(torch.cuda.is_available() is False; {env.visible_devices()}). Run it where the NVIDIA "
+                  "runtime passes a GPU in (docs/deploy.md), or use --device cpu", file=sys.stderr, flush=True)
             return 2
+    claim_run_dir(cfg, join=True)  # a role joins its run's directory; another run's is refused
     world = len(distributed.parse_devices(cfg.device, cfg.learners)) if role == "learner" else 1
     ranks = env.rank()
     if world > 1 and not ranks.launched:  # the launcher: one process per rank
@@ -822,7 +820,9 @@ def main(argv: list[str] | None = None) -> int:
     except (BusError, ValueError) as e:  # a setting or input to fix, not a fault: one line, no traceback
         from streams.bus.kafka import NoBrokerError, TopicNotFoundError
 
-        fix: tuple[type, ...] = (ReplicationError, NoBrokerError, TopicNotFoundError)
+        from learner.snapshots import ResumeError
+
+        fix: tuple[type, ...] = (ReplicationError, NoBrokerError, TopicNotFoundError, ResumeError)
         if a.command == "replay":
             from logtools.replay import ReplayError
 
