@@ -94,6 +94,7 @@ build() {
   if [ "$(label_of "$tag")" = "$inputs" ]; then report "$name" "$tag" cached 0; return; fi
   log "$name: build $tag ($dockerfile)"
   t0=$(date +%s)
+  if [ -n "${BEFORE_BUILD:-}" ]; then "$BEFORE_BUILD"; fi
   local mounts=() format=()
   [ -f "$CA" ] && mounts+=(-v "$CA:/etc/ssl/certs/ca-certificates.crt:ro")
   # podman writes OCI images by default, which have no HEALTHCHECK: keep Docker's format
@@ -115,7 +116,10 @@ stage_rlstream() {  # the project's build context: pyproject, README and the pac
   echo "$dir"
 }
 
+WHEELS_CHECKED=
 ensure_wheels() {  # every dependency (and the gpu extra) as a wheel in $WHEELS, fetched once
+  [ -z "$WHEELS_CHECKED" ] || return 0
+  WHEELS_CHECKED=1
   local reqs=$STAGE/requirements.txt
   mkdir -p "$WHEELS" "$STAGE"
   "$PY" -c 'import sys, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["gpu"] + ["setuptools>=68", "wheel"]))' > "$reqs"
@@ -133,19 +137,17 @@ wheel_args() {
   echo -v "$WHEELS:/wheels:ro" --build-arg PIP_FIND_LINKS=/wheels --build-arg PIP_NO_INDEX=1
 }
 
-build_rlstream() {
-  ensure_wheels
+build_rlstream() {  # the wheel folder is checked (and filled) only when an image is built
   local ctx; ctx=$(stage_rlstream)
   # shellcheck disable=SC2046
-  build rlstream localhost/rlstream:latest compose/Dockerfile "$ctx" \
+  BEFORE_BUILD=ensure_wheels build rlstream localhost/rlstream:latest compose/Dockerfile "$ctx" \
     --build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL" $(wheel_args)
 }
 
 build_rlstream_gpu() {
-  ensure_wheels
   local ctx; ctx=$(stage_rlstream)
   # shellcheck disable=SC2046
-  build rlstream-gpu localhost/rlstream-gpu:latest compose/Dockerfile.gpu "$ctx" $(wheel_args)
+  BEFORE_BUILD=ensure_wheels build rlstream-gpu localhost/rlstream-gpu:latest compose/Dockerfile.gpu "$ctx" $(wheel_args)
 }
 
 build_kafka() {
