@@ -58,6 +58,10 @@ class PolicyConfig:
     action_nvec: tuple[int, ...] = ()
     """Discrete actions: choices per action component (categorical head; set from the env's
     Discrete/MultiDiscrete space by the wiring). Empty: continuous actions, Gaussian head."""
+    capture_update: bool = False
+    """Run each minibatch step captured (``BaseAlgorithm.enable_capture``: compiled whole by
+    torch.compile). Part of the config, so a run's provenance records it and ``rlstream verify``
+    replays the same path."""
 
 
 def build_policy(config: PolicyConfig, obs_dim: int, act_dim: int) -> Policy:
@@ -179,6 +183,8 @@ class BaseAlgorithm:
         self.generator = torch.Generator().manual_seed(config.seed)
         self.step = 0
         self.optimizer = self._make_optimizer(list(self.policy.parameters()))
+        if config.capture_update:
+            self.enable_capture()
 
     def _make_optimizer(self, params: Sequence[nn.Parameter]) -> torch.optim.Optimizer:
         # fused: one kernel for all parameters instead of a dozen ops per parameter (the same

@@ -48,7 +48,7 @@ def blob_store_of(redis_url: str | None, cache: str | None):
 
 def build_algo(cfg: TrainConfig, obs_dim: int, act_dim: int, nvec: tuple[int, ...] = ()):
     """The algorithm of ``cfg``; ``nvec``: discrete action choices (categorical policy head)."""
-    from agents.registry import make_algorithm
+    from agents.registry import make_algorithm, make_config
 
     overrides = dict(cfg.algo_overrides)
     if nvec:
@@ -57,19 +57,18 @@ def build_algo(cfg: TrainConfig, obs_dim: int, act_dim: int, nvec: tuple[int, ..
     if cfg.algo == "ppo" and "total_updates" not in overrides:
         overrides["total_updates"] = max(1, cfg.total_steps // cfg.train_batch_size)
     torch.manual_seed(cfg.seed)
-    algo = make_algorithm(cfg.algo, obs_dim, act_dim, overrides, cfg.device)
-    if capture_update(cfg, algo):
-        algo.enable_capture()
-    return algo
+    if "capture_update" not in overrides:
+        overrides["capture_update"] = capture_update(cfg, make_config(cfg.algo, overrides))
+    return make_algorithm(cfg.algo, obs_dim, act_dim, overrides, cfg.device)
 
 
-def capture_update(cfg: TrainConfig, algo) -> bool:
-    """``cfg.compile_update``, or its auto rule on the run's optimizer steps (``agents.capture``)."""
+def capture_update(cfg: TrainConfig, c) -> bool:
+    """``cfg.compile_update``, or its auto rule on the run's optimizer steps (``agents.capture``)
+    for the algorithm config ``c``."""
     from agents.capture import pays_to_capture
 
-    if cfg.compile_update is not None or not hasattr(algo, "enable_capture"):
-        return bool(cfg.compile_update) and hasattr(algo, "enable_capture")
-    c = algo.config
+    if cfg.compile_update is not None:
+        return bool(cfg.compile_update)
     per_update = getattr(c, "update_epochs", 1) * getattr(c, "num_minibatches", 1)
     steps = max(1, cfg.total_steps // max(1, cfg.train_batch_size)) * per_update
     ranks = cfg.learners or len(str(cfg.device).split(","))

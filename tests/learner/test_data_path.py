@@ -65,3 +65,27 @@ def test_each_round_reports_where_its_time_went():
     assert core.timing.last["publish"] == 0.0  # the shell's part: a core alone publishes nothing
     summary = core.timing.summary(compile_s=1.5)
     assert summary["compile"] == 1.5 and summary["update"] == pytest.approx(core.timing.last["update"], abs=1e-4)
+
+
+def test_the_learner_shell_adds_publish_and_reports_the_phases_in_its_summary(tmp_path):
+    from learner.learner import Learner
+    from learner.snapshots import open_store
+    from schemas.codec import Codec
+    from streams.bus.memory import MemoryBus
+    from streams.events import EventBus
+    from streams.topics import SAMPLES_PREPARED, all_topics
+
+    bus = MemoryBus()
+    bus.create_topics(all_topics())
+    events = EventBus(bus, Codec())
+    algo = make_algorithm("ppo", OBS, ACT, {"num_minibatches": 2, "update_epochs": 1}, "cpu")
+    lr = Learner(LearnerConfig(train_batch_size=16 * N, snapshot_every=0), algo, events, snapshots=open_store(tmp_path))
+    lr.start()
+    for i in range(2):
+        events.publish(SAMPLES_PREPARED, fragment(i), key="actor-0")
+        assert lr.step(0) is not None
+    summary = lr.summary()
+    assert summary["updates"] == 2 and summary["capture"] is None  # eager: nothing captured
+    assert set(summary["time_s"]) == {*PHASES, "compile"} and summary["time_s"]["compile"] == 0.0
+    assert summary["time_s"]["publish"] > 0 and summary["time_s"]["update"] > 0
+    assert lr.core.timing.last["publish"] > 0
