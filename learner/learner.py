@@ -62,7 +62,14 @@ from learner.core import (  # noqa: F401  (the learner's public names)
     LearnerStats,
 )
 from learner.provenance import record_digest, stamp
-from learner.snapshots import SnapshotSchedule, newest_timed_ms
+from learner.snapshots import (
+    ResumeError,
+    SnapshotCorruptError,
+    SnapshotError,
+    SnapshotNotFoundError,
+    SnapshotSchedule,
+    newest_timed_ms,
+)
 from learner.ranks import Ranks
 from schemas.errors import CodecError
 from schemas.events import PreparedBatch, now_ms
@@ -81,6 +88,9 @@ from streams.policies import (
 from streams.topics import LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_PREPARED
 
 log = logging.getLogger(__name__)
+#: A failed snapshot save is tried again at the first update this many seconds after it (or at the
+#: next scheduled one, if sooner); its failures are logged at most once per this interval.
+SNAPSHOT_RETRY_S = 30.0
 
 
 class Learner:
@@ -93,7 +103,8 @@ class Learner:
                  parallel: Ranks | None = None, policy_breaker: Any = None, hold_cap: int | None = None,
                  clock: Callable[[], float] = time.time,
                  replay: Any = None, batch_control: Any = None,
-                 gpu_util: Callable[[], float | None] | None = None) -> None:
+                 gpu_util: Callable[[], float | None] | None = None,
+                 on_snapshot_failure: Callable[[str], None] | None = None) -> None:
         self.core = LearnerCore(config, algo, parallel, stream_ids, replay=replay)
         self.batch_control = batch_control
         self.gpu_util = gpu_util
@@ -117,6 +128,11 @@ class Learner:
         self.consumer = None
         self._versions = None
         self.clock = clock  # wall seconds: the time-based snapshot schedule's
+        self.on_snapshot_failure = on_snapshot_failure  # (error class name) -> a metric
+        self.snapshot_failures = 0  # saves that failed (store down, disk full, timeout)
+        self._snapshot_retry_at: float | None = None  # a failed save is due again from then
+        self._snapshot_failure_logged = -SNAPSHOT_RETRY_S  # monotonic time of the last failure line
+        self._snapshot_failures_unlogged = 0
         self.schedule: SnapshotSchedule | None = None
 
     stats = property(lambda self: self.core.stats)
@@ -165,16 +181,61 @@ class Learner:
                                         blobs=self.blob_store, stage="learner", monotonic=False)
 
     def _restore(self, version: int | None) -> dict | None:
-        if version is None:
-            version = self.snapshots.latest()
-            if version is None:
+        """Restore ``version``, or (None) the newest intact snapshot: a corrupt, truncated or
+        state-less newer one is skipped with a warning naming it; none intact is ``ResumeError``.
+
+        A snapshot whose input offsets retention has already deleted (below the log start of
+        rl.samples.prepared) is refused with ``ResumeError``: resuming would skip those batches
+        untrained, so it is a decision for the operator, not made silently."""
+        if version is not None:
+            _, meta = self.snapshots.load(version)
+            state = self.snapshots.load_state(version)
+            if state is None:
+                raise ResumeError(f"snapshot {version} has no learner state; cannot resume from it")
+        else:
+            found = self._newest_intact()
+            if found is None:
                 return None
-        _, meta = self.snapshots.load(version)
-        state = self.snapshots.load_state(version)
-        if state is None:
-            raise RuntimeError(f"snapshot {version} has no learner state; cannot resume from it")
+            version, meta, state = found
+        offsets = {(t, int(p)): int(o) for t, p, o in meta.get("offsets", [])}
+        self._check_offsets_held(version, offsets)
         self.core.restore(version, state, meta)
-        return {(t, int(p)): int(o) for t, p, o in meta.get("offsets", [])} or None
+        return offsets or None
+
+    def _newest_intact(self) -> tuple[int, dict, Any] | None:
+        """``(version, meta, state)`` of the newest snapshot that verifies; None if there is none."""
+        versions = self.snapshots.versions()
+        if not versions:
+            return None
+        bad: list[str] = []
+        for v in reversed(versions):
+            try:
+                _, meta = self.snapshots.load(v)
+                state = self.snapshots.load_state(v)
+                if state is None:
+                    raise SnapshotCorruptError(f"v{v}: no learner state")
+            except (SnapshotCorruptError, SnapshotNotFoundError) as e:
+                bad.append(f"v{v} ({e})" if not isinstance(e, SnapshotNotFoundError) else f"v{v} (gone)")
+                continue
+            if bad:
+                log.warning("resume: skipped unusable snapshot(s) %s in %s; resuming from v%d, the newest intact one",
+                            ", ".join(bad), self.snapshots.url, v)
+            return v, meta, state
+        raise ResumeError(f"no intact snapshot to resume from in {self.snapshots.url}: {', '.join(bad)}; "
+                          "remove them, or start without --resume")
+
+    def _check_offsets_held(self, version: int, offsets: dict[tuple[str, int], int]) -> None:
+        bus = self.events.bus
+        for (topic, p), off in sorted(offsets.items()):
+            try:
+                start = bus.log_start(topic, p)
+            except (BusError, IndexError):
+                continue  # unknown here: the consumer starts where the log does
+            if off < start:
+                raise ResumeError(
+                    f"snapshot v{version} resumes {topic}[{p}] at offset {off}, but retention has deleted the log "
+                    f"up to {start}: batches {off}..{start - 1} would be skipped untrained; resume from a "
+                    "snapshot newer than the deletion (--from-version), or start a new run")
 
     # -- the loop -----------------------------------------------------------------------------
     @property
@@ -309,7 +370,10 @@ class Learner:
             by_count, by_time = self.schedule.due(self.stats.updates)
             if self.config.snapshot_interval_s:  # rank 0's clock decides: snapshot() is a collective
                 by_time = bool(self.ranks.broadcast(by_time))
-            if by_count or by_time:
+            retry = self._snapshot_retry_at is not None and self.clock() >= self._snapshot_retry_at
+            if self.ranks.world > 1:  # rank 0 saves and knows; snapshot() is a collective
+                retry = bool(self.ranks.broadcast(retry))
+            if by_count or by_time or retry:
                 # taken at the start of the next step (or by the caller's final snapshot): the state
                 # and offsets do not change before then, and the new version's readers (a co-located
                 # actor steps next) do not wait for the write (bench/latency_breakdown.py)
@@ -355,9 +419,9 @@ class Learner:
             timed = self._snapshot_due and self._snapshot_timed
         self._snapshot_due = self._snapshot_timed = False
         share = self.core.snapshot_share(self._offsets)
-        if self.schedule is not None:
-            self.schedule.taken(timed)
         if share is None:
+            if self.schedule is not None:
+                self.schedule.taken(timed)
             return
         offsets, seen = share
         meta = {
@@ -371,8 +435,31 @@ class Learner:
             "trained_batch_ids": seen,
             "created_at_ms": now_ms(),
         }
-        self.snapshots.save(self.model_version, self.algo.policy.state_dict(), meta, state=self.algo.state_dict(),
-                            timed=timed)
+        try:
+            self.snapshots.save(self.model_version, self.algo.policy.state_dict(), meta, state=self.algo.state_dict(),
+                                timed=timed)
+        except SnapshotError as e:
+            self._snapshot_failed(e)
+            return
+        self._snapshot_retry_at = None
+        if self.schedule is not None:
+            self.schedule.taken(timed)
+
+    def _snapshot_failed(self, e: SnapshotError) -> None:
+        """A save failed: training goes on; counted, logged at most once per ``SNAPSHOT_RETRY_S``
+        (with the failures not logged since), and due again ``SNAPSHOT_RETRY_S`` from now."""
+        self.snapshot_failures += 1
+        if self.on_snapshot_failure is not None:
+            self.on_snapshot_failure(type(e.__cause__ or e).__name__)
+        self._snapshot_retry_at = self.clock() + SNAPSHOT_RETRY_S
+        now = time.monotonic()
+        if now - self._snapshot_failure_logged < SNAPSHOT_RETRY_S:
+            self._snapshot_failures_unlogged += 1
+            return
+        more = self._snapshot_failures_unlogged
+        self._snapshot_failure_logged, self._snapshot_failures_unlogged = now, 0
+        log.warning("snapshot failed: %s; training goes on, the save is retried in %.0fs%s", e, SNAPSHOT_RETRY_S,
+                    f" ({more} more failure(s) not logged)" if more else "")
 
     def summary(self) -> dict[str, Any]:
         """What this learner did (the role protocol's summary)."""

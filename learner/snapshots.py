@@ -50,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -77,6 +78,8 @@ __all__ = [
     "SnapshotPinnedError",
     "SnapshotRef",
     "SnapshotSchedule",
+    "SnapshotWriteError",
+    "ResumeError",
     "SnapshotStore",
     "flatten_state",
     "newest_timed_ms",
@@ -86,6 +89,12 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
+#: Seconds one S3 request may take (connect, then each read) before it fails; with the tries
+#: below, what bounds a save to a store that holds the connection but does not answer.
+S3_TIMEOUT_S = 20.0
+S3_TRIES = 2
+
+log = logging.getLogger(__name__)
 
 
 class SnapshotError(Exception):
@@ -102,6 +111,16 @@ class SnapshotCorruptError(SnapshotError):
 
 class SnapshotPinnedError(SnapshotError):
     """The version is pinned; unpin it before deleting."""
+
+
+class SnapshotWriteError(SnapshotError, OSError):
+    """A save did not complete (store down, disk full, timeout): the version is not visible, and
+    the store's newest version is what it was before. An ``OSError`` too: it is one."""
+
+
+class ResumeError(SnapshotError, ValueError):
+    """A resume that cannot go on as asked (no intact snapshot, or input it points to is gone):
+    one line saying what to do."""
 
 
 @dataclass(frozen=True)
@@ -400,10 +419,18 @@ class _BaseStore:
         existing version replaces it (a time-based mark it had stays).
         """
         enc = _encode(version, weights, meta, state)
-        key = self._write(version, enc)
-        if timed:
-            self._mark("timed", add={version})
-        self.prune()
+        try:
+            key = self._write(version, enc)
+            if timed:
+                self._mark("timed", add={version})
+        except Exception as exc:  # the backend's I/O errors (OSError, botocore, redis...): nothing committed
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else "no answer in time"
+            raise SnapshotWriteError(f"v{version} not saved to {self.url}: {type(exc).__name__}: {why}") from exc
+        try:
+            self.prune()
+        except Exception as exc:  # noqa: BLE001 - saved; retention runs again after the next save
+            log.warning("snapshot retention in %s failed (%s: %s); the next save prunes again", self.url,
+                        type(exc).__name__, exc)
         return self._make_ref(version, key, enc.record)
 
     def load(self, version: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -725,7 +752,9 @@ class RedisSnapshotStore(_BaseStore):
 def _s3_options(cfg: ObjectStoreConfig | None) -> dict[str, Any]:
     """s3fs's keyword arguments for ``cfg`` (None: AWS and the SDK's own credential chain)."""
     cfg = cfg or ObjectStoreConfig()
-    opts: dict[str, Any] = {"use_listings_cache": False, "config_kwargs": {"connect_timeout": 10}}
+    opts: dict[str, Any] = {"use_listings_cache": False,
+                            "config_kwargs": {"connect_timeout": min(10.0, S3_TIMEOUT_S), "read_timeout": S3_TIMEOUT_S,
+                                              "retries": {"max_attempts": S3_TRIES, "mode": "standard"}}}
     if cfg.endpoint_url:
         opts["endpoint_url"] = cfg.endpoint_url
     if cfg.region:
@@ -765,7 +794,16 @@ class ObjectSnapshotStore(_BaseStore):
                 fs = fsspec.filesystem("s3", **_s3_options(object_store))
             except ImportError as exc:
                 raise SnapshotError(f"{self.url}: the s3 backend needs s3fs (pip install 'rlstream[s3]')") from exc
+            fs.retries = S3_TRIES  # s3fs's own retries of a timed-out call (5 by default), on top of botocore's
         self.fs = fs
+
+    def _call(self, method: str, *args: Any, **kw: Any) -> Any:
+        """``fs.<method>(*args)`` within a deadline: botocore's read timeout does not bound every
+        wait (a store that accepts the connection and never answers held a save for minutes), so
+        an async filesystem's call is given fsspec's own ``timeout`` (``FSTimeoutError``)."""
+        if getattr(self.fs, "async_impl", False):
+            return getattr(self.fs, method)(*args, timeout=S3_TIMEOUT_S * (S3_TRIES + 1), **kw)
+        return getattr(self.fs, method)(*args, **kw)
 
     def _obj(self, name: str) -> str:
         return f"{self.root}/{name}"
@@ -775,13 +813,13 @@ class ObjectSnapshotStore(_BaseStore):
 
     def _put(self, path: str, data: bytes) -> None:
         try:
-            self.fs.pipe_file(path, data)
+            self._call("pipe_file", path, data)
         except FileNotFoundError as exc:
             raise SnapshotError(f"{self.url}: cannot write {path}: no bucket {self.bucket!r} ({exc})") from exc
 
     def _get(self, path: str) -> bytes | None:
         try:
-            return bytes(self.fs.cat_file(path))
+            return bytes(self._call("cat_file", path))
         except FileNotFoundError:
             return None
 
@@ -807,7 +845,7 @@ class ObjectSnapshotStore(_BaseStore):
 
     def _rm(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            self.fs.rm_file(path)
+            self._call("rm_file", path)
 
     def _remove(self, version: int) -> None:
         for suffix in (".json", ".safetensors", ".state.safetensors"):  # record first, as on disk
@@ -815,7 +853,7 @@ class ObjectSnapshotStore(_BaseStore):
 
     def versions(self) -> list[int]:
         try:
-            names = self.fs.ls(self.root, detail=False, refresh=True)
+            names = self._call("ls", self.root, detail=False, refresh=True)
         except FileNotFoundError:
             return []
         out = []

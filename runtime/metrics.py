@@ -47,6 +47,7 @@ rlstream_learner_steps_total               counter
 rlstream_policy_version                    gauge
 rlstream_circuit_breaker_state             gauge
 rlstream_circuit_breaker_trips_total       counter
+rlstream_snapshot_failures_total           counter    error
 rlstream_gpu_available                     gauge      reason   (always: 1 ok; 0 no_gpu, no_nvml, off)
 rlstream_gpu_utilization_ratio             gauge      device   (GPU + pynvml only)
 rlstream_gpu_memory_allocated_bytes        gauge      device   (GPU only)
@@ -154,6 +155,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "rlstream_policy_version",
     "rlstream_circuit_breaker_state",
     "rlstream_circuit_breaker_trips_total",
+    "rlstream_snapshot_failures_total",
     "rlstream_gpu_available",
     *_GPU_NAMES,
 )
@@ -451,6 +453,12 @@ class _Shared:
             "Times a learner circuit breaker (backlog or policy lag) opened.",
             R, namespace=NAMESPACE, registry=r,
         )
+        self.snapshot_failures = Counter(
+            "snapshot_failures",
+            "Learner snapshot saves that failed (store down, disk full, timeout), by the error's class; "
+            "training went on and the save is retried.",
+            R + ["error"], namespace=NAMESPACE, registry=r,
+        )
         self.gpu_available = Gauge(
             "gpu_available",
             "1 when GPU utilisation is exported; 0 says why not (reason no_gpu, no_nvml or off).",
@@ -662,6 +670,10 @@ class Metrics:
         if int(state) not in (BREAKER_CLOSED, BREAKER_OPEN, BREAKER_HALF_OPEN):
             raise ValueError(f"unknown circuit breaker state {state!r}")
         self._s.breaker_state.labels(role=self.role).set(int(state))
+
+    def count_snapshot_failure(self, error: str) -> None:
+        """A snapshot save failed with ``error`` (the error's class name)."""
+        self._s.snapshot_failures.labels(role=self.role, error=error).inc()
 
     def count_circuit_breaker_trip(self) -> None:
         self._s.breaker_trips.labels(role=self.role).inc()

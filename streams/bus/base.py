@@ -171,6 +171,26 @@ class Bus(ABC):
     def end_offsets(self, topic: str) -> dict[int, int]:
         """Next offset to be written, per partition."""
 
+    def log_start(self, topic: str, partition: int, timeout: float = 10.0) -> int:
+        """The partition's oldest offset still held (retention moves it up). This default reads
+        the first record there (``BusError`` if none comes within ``timeout``); the backends
+        answer from their own bookkeeping."""
+        import time
+
+        ends = self.end_offsets(topic)
+        if ends[partition] == 0:
+            return 0
+        c = self.consumer(None, [topic], start={(topic, q): (0 if q == partition else e) for q, e in ends.items()})
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                for r in c.poll(0.2, max_records=1):
+                    if r.partition == partition:
+                        return r.offset
+        finally:
+            c.close()
+        raise BusError(f"the log start of {topic}[{partition}] was not read within {timeout:.0f}s")
+
     def group_lag(self, group: str, topic: str) -> int:
         """Records in ``topic`` that ``group`` has not committed yet (its backlog)."""
         raise NotImplementedError(f"{type(self).__name__} does not report group lag")

@@ -30,7 +30,7 @@ from learner.snapshots import (
     rollback,
     unflatten_state,
 )
-from learner.snapshots import _s3_options
+from learner.snapshots import S3_TIMEOUT_S, S3_TRIES, _s3_options
 from tests.support import free_port
 
 BACKENDS = ("local", pytest.param("redis", marks=pytest.mark.redis), "s3")
@@ -437,7 +437,8 @@ def test_the_s3_endpoint_and_credentials_come_from_the_environment_read_at_the_e
     assert _s3_options(cfg) | {"use_listings_cache": 1} == {
         "endpoint_url": moto_s3.endpoint_url, "client_kwargs": {"region_name": "eu-west-2"},
         "key": cfg.access_key_id, "secret": cfg.secret_access_key, "token": "tok", "use_listings_cache": 1,
-        "config_kwargs": {"connect_timeout": 10}}
+        "config_kwargs": {"connect_timeout": 10, "read_timeout": S3_TIMEOUT_S,
+                          "retries": {"max_attempts": S3_TRIES, "mode": "standard"}}}
     cfg = ObjectStoreConfig.from_environment(Environment(moto_s3.env()))
     store = open_store(f"s3://{s3_bucket}/env", object_store=cfg)
     store.save(1, {"w": torch.ones(2)})
