@@ -333,21 +333,23 @@ def run_dir_of(a: argparse.Namespace, run_id: str, resume: bool) -> tuple[Path, 
     return path, (info.run_id if info is not None else run_id)
 
 
-def claim_run_dir(cfg, *, join: bool) -> None:
-    """Make ``cfg.run_dir`` this run's (``runtime.rundir.RunDir.claim``; refused: exit 2) and point
-    ``latest`` at it where runs live (``runs/``, or a folder that already has a ``latest``)."""
+def claim_run_dir(cfg, *, join: bool, adopt: bool = False):
+    """Make ``cfg.run_dir`` this run's (``runtime.rundir.RunDir.claim``; refused: exit 2), point
+    ``latest`` at it where runs live (``runs/``, or a folder that already has a ``latest``), and
+    return ``cfg`` with the run id the directory holds."""
     from runtime.rundir import LATEST, RunDir, RunDirError
 
     rd = RunDir(cfg.run_dir)
     fresh = rd.info() is None
     try:
-        rd.claim(cfg.run_id, mode=cfg.mode, resume=cfg.resume, join=join, algo=cfg.algo, env_id=cfg.env_id,
-                 namespace=cfg.bus.namespace if cfg.mode == "decoupled" else "")
+        run_id = rd.claim(cfg.run_id, mode=cfg.mode, resume=cfg.resume, join=join, adopt=adopt, algo=cfg.algo,
+                          env_id=cfg.env_id, namespace=cfg.bus.namespace if cfg.mode == "decoupled" else "")
     except RunDirError as e:
         _refuse(str(e))
     parent = rd.path.parent
     if (fresh or cfg.resume) and (parent.resolve() == RUNS_ROOT.resolve() or (parent / LATEST).is_symlink()):
         rd.point_latest()
+    return cfg if run_id == cfg.run_id else replace(cfg, run_id=run_id)
 
 
 def _refuse(message: str):
@@ -457,7 +459,7 @@ def cmd_train(a: argparse.Namespace) -> int:
     from rlstream.guide import check_redis
 
     check_redis(cfg.snapshot_store, cfg.redis_url)  # before the run directory: a Redis that is not there
-    claim_run_dir(cfg, join=False)
+    cfg = claim_run_dir(cfg, join=False)
     configure_logging(role=cfg.mode, run_id=cfg.effective_run_id(), level=a.log_level, json=a.log_json)
     log = get_logger("rlstream.train")
     preset = cfg.preset_name()
@@ -517,7 +519,9 @@ def cmd_role(a: argparse.Namespace) -> int:
                   f"(torch.cuda.is_available() is False; {env.visible_devices()}). Run it where the NVIDIA "
                   "runtime passes a GPU in (docs/deploy.md), or use --device cpu", file=sys.stderr, flush=True)
             return 2
-    claim_run_dir(cfg, join=True)  # a role joins its run's directory; another run's is refused
+    # a role joins its run's directory (one it was not told the id of: by mode and namespace);
+    # another run's is refused
+    cfg = claim_run_dir(cfg, join=True, adopt=not (config or a.run_id or env.run_id))
     world = len(distributed.parse_devices(cfg.device, cfg.learners)) if role == "learner" else 1
     ranks = env.rank()
     if world > 1 and not ranks.launched:  # the launcher: one process per rank

@@ -184,24 +184,28 @@ class RunDir:
             return self.namespace_file.read_text().strip() or None
         return None
 
-    def claim(self, run_id: str, *, mode: str, resume: bool = False, join: bool = False, algo: str = "",
-              env_id: str = "", namespace: str = "") -> str:
+    def claim(self, run_id: str, *, mode: str, resume: bool = False, join: bool = False, adopt: bool = False,
+              algo: str = "", env_id: str = "", namespace: str = "") -> str:
         """Make this directory run ``run_id``'s, and return the run id to use.
 
         A new (or empty) directory gets a marker. ``join`` (a role of a run started elsewhere)
-        accepts a directory already marked as ``run_id``'s. ``resume`` continues the run a
+        accepts a directory already marked as ``run_id``'s; with ``adopt`` (a role not told its run's
+        id) also one whose run has this mode and namespace: the same topics, so the same run.
+        ``resume`` continues the run a
         directory holds, under its recorded id. Anything else that holds a run is refused, and so
         is a directory holding anything a run does not write: a run never writes among other files.
         One holding only a run's file names (a role's log, redirected there before it started) is
         taken."""
         info = self.info()
         if info is not None:
-            if resume or (join and info.run_id == run_id):
+            same = info.run_id == run_id or (adopt and info.mode == mode and info.namespace == namespace)
+            if resume or (join and same):
                 return info.run_id
             raise RunDirError(
                 f"{self.path} belongs to run {info.run_id!r} ({info.mode}, started "
-                f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(info.created))}); pass --resume to continue "
-                f"that run, or choose another --run-dir / --run-id")
+                f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(info.created))}"
+                + (f", namespace {info.namespace!r}" if info.namespace != namespace else "")
+                + "); pass --resume to continue that run, or choose another --run-dir / --run-id")
         if self.path.is_symlink() and not resume:
             raise RunDirError(f"{self.path} is a link; give the run directory itself")
         if self.path.exists() and not self.path.is_dir():

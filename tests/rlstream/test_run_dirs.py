@@ -143,6 +143,12 @@ def test_claim_rules(tmp_path: Path) -> None:
         rd.claim("a", mode="decoupled")  # a new run with the same id: not without --resume
     with pytest.raises(RunDirError, match="belongs to run 'a'"):
         rd.claim("b", mode="decoupled", join=True)
+    # a role not told its run's id joins the run of its mode and namespace, and no other
+    assert rd.claim("c", mode="decoupled", join=True, adopt=True) == "a"
+    with pytest.raises(RunDirError, match="namespace ''"):
+        rd.claim("c", mode="decoupled", join=True, adopt=True, namespace="exp2")
+    with pytest.raises(RunDirError, match="belongs to run 'a'"):
+        rd.claim("c", mode="colocated", join=True, adopt=True)
     link = tmp_path / "link"
     link.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     with pytest.raises(RunDirError, match="is a link"):
