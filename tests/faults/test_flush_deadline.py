@@ -1,0 +1,45 @@
+"""A flush during a broker outage has a deadline and is not silent (issue 39, part 1): it waits
+``outage_wait`` past its own timeout for the broker (records stay queued in librdkafka), says
+every ``LOG_INTERVAL_S`` how many records are still waiting and when it gives up, then raises
+``BusError`` naming both waits. (The synchronous commit's deadline: test_commit_errors.py.)"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+import streams.bus.kafka as kafka_mod
+from streams.bus.base import BusError
+from streams.bus.kafka import ERRORS, KafkaBus
+from streams.topics import TopicSpec
+
+from .conftest import wait_for
+
+pytestmark = pytest.mark.kafka
+TOPIC = "t-flush-deadline"
+
+
+def test_a_flush_in_an_outage_gives_up_by_its_deadline_and_says_so_meanwhile(private_kafka, monkeypatch, caplog):
+    monkeypatch.setattr(kafka_mod, "LOG_INTERVAL_S", 1.0)
+    # not closed at the end: its queued record can never be delivered (the broker stays down)
+    bus = KafkaBus(private_kafka.bootstrap, client_id="flush-deadline", outage_wait=4.0)
+    bus.create_topics([TopicSpec(TOPIC, key="test", partitions=1)])
+    bus.produce(TOPIC, b"before", key=b"k")
+    bus.flush()
+    private_kafka.kafka.kill()
+    bus.produce(TOPIC, b"during", key=b"k")
+    wait_for(lambda: bus._producer.poll(0.1) is not None and ERRORS.outage(), 60, "the producer to see the outage")
+    caplog.clear()
+    caplog.set_level(logging.WARNING, logger="streams.bus.kafka")
+    t0 = time.monotonic()
+    with pytest.raises(BusError) as e:
+        bus.flush(1.0)
+    took = time.monotonic() - t0
+    assert 5.0 <= took < 20.0, f"gave up after {took:.1f}s, not at timeout + outage_wait"
+    assert "1 record(s) not delivered within 1.0s" in str(e.value)
+    assert "and 4s more while it was unreachable" in str(e.value)
+    still = [r.getMessage() for r in caplog.records if "still not delivered" in r.getMessage()]
+    assert 2 <= len(still) <= 5, still  # about one a second, not silent and not flooding
+    assert all(m.startswith("1 record(s) still not delivered to ") and "giving up in" in m for m in still)
