@@ -40,7 +40,10 @@ CODEC = Codec()
 IMAGE = "localhost/rlstream:latest"
 RUN_ARGS = ["--algo", "ppo", "--env", "Pendulum-v1", "--train-batch-size", "64", "--fragment-steps", "32",
             "--num-envs", "1", "--snapshot-every", "3", "--set", "update_epochs=1", "--set", "num_minibatches=1",
-            "--torch-threads", "1"]
+            "--torch-threads", "1",
+            # eager updates: a captured one compiles for minutes at every learner start on a small
+            # CPU (test_gpu_image.py checks the images compile); the run is otherwise the same
+            "--compile-update", "False"]
 
 
 def docs(name: str) -> list[dict[str, Any]]:
