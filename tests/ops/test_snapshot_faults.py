@@ -257,3 +257,48 @@ def test_resume_after_retention_deleted_the_snapshots_input_is_refused(events, t
     assert str(e.value).startswith(f"snapshot v3 resumes {SAMPLES_PREPARED}[0] at offset 3, but retention has "
                                    "deleted the log up to 5: batches 3..4 would be skipped untrained")
     assert [v.version for v in versions(events)] == [0, 1, 2, 3]  # nothing published by the refused start
+
+
+@pytest.mark.kafka
+def test_resume_after_kafka_deleted_the_snapshots_input_is_refused(kafka_bootstrap, tmp_path):
+    """The same on the real broker, in a namespace (the bus a decoupled learner has): the log start
+    moved by ``DeleteRecords``, as retention moves it."""
+    from confluent_kafka import TopicPartition
+
+    from schemas.codec import Codec
+    from streams.bus.kafka import KafkaBus
+    from streams.bus.namespaced import NamespacedBus
+    from streams.events import EventBus
+    from streams.topics import Namespace
+    from tests.conftest import TEST_CONSUMER_CONFIG
+    from tests.support import wait_for
+
+    inner = KafkaBus(kafka_bootstrap, client_id="rlstream-test", consumer_config=TEST_CONSUMER_CONFIG)
+    ns = Namespace(f"ret-{uuid.uuid4().hex[:10]}")
+    bus = NamespacedBus(inner, ns)
+    try:
+        bus.create_topics(Namespace().topics())
+        ev = EventBus(bus, Codec())
+        store = open_store(tmp_path / "snaps", keep_last=None)
+        lr = _learner(ev, store)
+        lr.start()
+        for seq in range(2):
+            ev.publish(SAMPLES_PREPARED, prepared(seq), key="actor-0")
+            ev.flush()
+            wait_for(lambda: lr.step(0.2) is not None, 60, f"update {seq + 1}")
+        lr.step(0)  # the due snapshot
+        lr.close()
+        assert store.latest() == 2 and store.meta(2)["offsets"] == [[SAMPLES_PREPARED, 0, 2]]
+        for seq in range(3):
+            ev.publish(SAMPLES_PREPARED, prepared(10 + seq), key="actor-0")
+        ev.flush()
+        tp = TopicPartition(ns.topic(SAMPLES_PREPARED), 0, 4)
+        inner._admin.delete_records([tp], request_timeout=30)[tp].result(timeout=30)
+        assert bus.log_start(SAMPLES_PREPARED, 0) == 4
+        with pytest.raises(ResumeError) as e:
+            _learner(ev, store).start(resume=True)
+        assert str(e.value).startswith(f"snapshot v2 resumes {SAMPLES_PREPARED}[0] at offset 2, but retention has "
+                                       "deleted the log up to 4: batches 2..3 would be skipped untrained")
+    finally:
+        inner.delete_topics([t.name for t in ns.topics()])
+        inner.close(timeout=10)
