@@ -238,8 +238,10 @@ def test_compose_up_trains_to_its_budget_through_a_learner_kill_and_a_scale_up(s
     assert summary is not None, f"the learner printed no summary:\n{learner_log[-3000:]}"
     assert summary["samples_trained"] == sum(size[b] for b in trained) == sum(s.num_samples for s in line)
     superseded = [s for s in steps if s.to_version not in keep]  # the killed learner's updates past its snapshot
+    # at most one gap in the chain: the resumed learner's first version names its snapshot (none
+    # when the kill fell right after a snapshot); the lineage above covers the rest
     resumed_at = [v for v in versions if v.parent_version is not None and v.parent_version != v.version - 1]
-    assert len(resumed_at) == 1, [(v.version, v.parent_version) for v in resumed_at] or resumed_log[-3000:]
+    assert len(resumed_at) <= 1, [(v.version, v.parent_version) for v in resumed_at] or resumed_log[-3000:]
 
     # none lost: what is not trained is still waiting at the head of its topic, uncommitted
     learner_commits = committed(bootstrap, LEARNER_GROUP, SAMPLES_PREPARED)

@@ -256,6 +256,7 @@ def test_the_manifests_run_as_pods_with_their_selectors_probes_and_a_resuming_le
     first = kube.container("rlstream-learner-pod-0", "learner")["State"]
     before = count(bootstrap, POLICY_VERSIONS)
     os.kill(first["Pid"], signal.SIGKILL)
+    v_kill = max(v.version for v in read(bootstrap, POLICY_VERSIONS) if isinstance(v, PolicyVersion))
 
     def restarted():
         st = kube.container("rlstream-learner-pod-0", "learner")["State"]
@@ -264,12 +265,18 @@ def test_the_manifests_run_as_pods_with_their_selectors_probes_and_a_resuming_le
     wait_for(lambda: count(bootstrap, POLICY_VERSIONS) >= before + 3, 300, "3 versions of the resumed learner",
              every=2, on_timeout=lambda: kube.logs("rlstream-learner-pod-0", "learner"))
     versions = [v for v in read(bootstrap, POLICY_VERSIONS) if isinstance(v, PolicyVersion)]
-    resumed = [(v.version, v.parent_version) for v in versions
-               if v.parent_version is not None and v.parent_version != v.version - 1]
-    assert len(resumed) == 1, resumed  # one life ended by the kill, the next restored a snapshot
     numbers = [v.version for v in versions]
-    assert numbers == sorted(set(numbers))
-    report["learner_resumed_from"] = resumed
+    assert numbers == sorted(set(numbers))  # a learner started afresh would publish its versions again
+    # the second life's first version names the snapshot it restored: at or before the last
+    # version of the first life (the updates past the snapshot died with it), never version 0
+    first_after = min((v for v in versions if v.version > v_kill), key=lambda v: v.version)
+    assert first_after.version == v_kill + 1 and 1 <= first_after.parent_version <= v_kill, \
+        (first_after.version, first_after.parent_version, v_kill)
+    gaps = [(v.version, v.parent_version) for v in versions
+            if v.parent_version is not None and v.parent_version != v.version - 1]
+    assert len(gaps) <= 1, gaps
+    report["learner_resumed"] = {"killed_at_version": v_kill, "first_version_after": first_after.version,
+                                 "its_parent_snapshot": first_after.parent_version}
     print("DEPLOY kube:", json.dumps(report, sort_keys=True))
 
 
