@@ -51,7 +51,7 @@ def every_field_set(tmp_path: Path, bootstrap: str) -> TrainConfig:
                  num_actors=2, num_envs=2, fragment_steps=16, train_batch_size=64, seed=7, group_size=2,
                  algo_overrides={"gamma": 0.98}, run_dir=tmp_path / "run", run_id="cfg-run",
                  snapshot_store=str(tmp_path / "snaps"), snapshot_every=3, snapshot_interval_s=3600.0,
-                 snapshot_keep_timed=3, resume=True, plot=False,
+                 snapshot_keep_timed=3, resume=True, plot=False, compile_update=False,
                  tensorboard=str(tmp_path / "tb"), metrics_port=9555, log_every_s=1.5, device="cpu:0",
                  redis_url=os.environ.get("REDIS_URL", "redis://127.0.0.1:1/0"), breaker_open_above=100.0,
                  breaker_close_below=10.0, breaker_policy_lag_versions=6, streams=PrepareConfig(**PREPARE),
@@ -152,7 +152,8 @@ def as_flags(cfg: TrainConfig) -> list[str]:
             if f.name in entry or (obj is cfg.streams and f.name == "policy_id"):
                 continue
             value, flag = getattr(obj, f.name), "--" + f.name.replace("_", "-")
-            argv += [flag if value else "--no-" + flag[2:]] if isinstance(value, bool) else [flag, str(value)]
+            switch = isinstance(value, bool) and f.type in ("bool", bool)  # bool | None takes a value
+            argv += [flag if value else "--no-" + flag[2:]] if switch else [flag, str(value)]
     return argv
 
 
