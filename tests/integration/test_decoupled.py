@@ -307,7 +307,7 @@ def test_train_decoupled_smoke(rl_topics, tmp_path):
         assert isinstance(got[metric]["value"], float) and got[metric]["status"] in ("pass", "fail"), got[metric]
     assert got["policy_latency_p99_ms"]["value"] == procs["actor-0"]["policy_latency_ms"]["p99"]
     assert got["policy_latency_p99_ms"]["source"] == "actor-0.summary.json policy_latency_ms.p99"
-    assert got["throughput_sps"]["value"] == pytest.approx(2048 / procs["learner"]["wall_s"])
+    assert got["throughput_sps"]["value"] == pytest.approx(2048 / procs["learner"]["wall_s"], abs=5e-4)  # 3 decimals
     assert got["freshness_pct"] == {**got["freshness_pct"], "value": 100.0, "status": "pass"}
     gpu = got["gpu_utilization_pct"]
     if procs["learner"]["gpu"].get("status") == "ok":
