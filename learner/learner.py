@@ -10,7 +10,11 @@ circuit breaker.
 
 Snapshots follow ``learner.snapshots.SnapshotSchedule``: every ``snapshot_every`` updates, and
 a time-based one (daily by default, ``snapshot_interval_s``, on the injected ``clock``) that the
-store keeps by its own retention (``keep_timed``).
+store keeps by its own retention (``keep_timed``). A save that fails (store down or hung, disk full)
+never stops training: it is counted (``snapshot_failures``, ``on_snapshot_failure``: the metric),
+logged at most once per ``SNAPSHOT_RETRY_S`` and retried that much later. ``start(resume=True)``
+resumes from the newest intact snapshot, naming any newer one it skips (``ResumeError`` if none
+is intact, or if retention deleted input the snapshot resumes at).
 
 Versions are immutable and monotonic: a resumed or rolled-back learner publishes a NEW version
 (number = 1 + the newest published or restored, whichever is newer) whose parent is the snapshot

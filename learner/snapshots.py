@@ -26,7 +26,9 @@ Format (identical on every backend):
 * record: JSON with ``meta`` (JSON-serialisable, checked at save), sha256 and
   size of each blob, the state structure, ``created_at_ms``, and a sha256 of the
   record itself. Every read verifies the checksums; a mismatch, a truncated
-  blob or an unparsable record raises ``SnapshotCorruptError``.
+  blob or an unparsable record raises ``SnapshotCorruptError``. A save whose backend fails
+  (store down, no answer within ``S3_TIMEOUT_S``, disk full) raises ``SnapshotWriteError`` and
+  leaves the store's newest version as it was: the record, written last, is what commits one.
 
 Retention: after each ``save`` the store keeps the newest ``keep_last`` versions,
 the newest ``keep_timed`` of the versions saved as time-based (``save(..., timed=True)``:
