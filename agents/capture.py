@@ -5,12 +5,16 @@ inputs are present).
 Shapes never recompile silently per step: each new signature compiles once (counted, its time
 kept apart in ``compile_s``), up to ``max_shapes``; a signature past the cap (a ragged last
 minibatch, a new batch size after the cap was reached) runs the same step eagerly and is counted
-in ``eager_steps``. ``pays_to_capture`` is the "auto" rule of ``TrainConfig.compile_update``.
+in ``eager_steps``. A compile that fails (no C++ compiler on the host, an op the compiler cannot
+take) is warned of once, counted in ``compile_failures``, and that step and every later one run
+eagerly: the run goes on with the same update. ``pays_to_capture`` is the "auto" rule of
+``TrainConfig.compile_update``.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional
 
@@ -36,7 +40,9 @@ class CaptureStats:
     compile_s: float = 0.0
     captured_steps: int = 0
     eager_steps: int = 0
-    """Steps run eagerly because their signature was new past ``max_shapes`` (counted fallbacks)."""
+    """Steps run eagerly: their signature was new past ``max_shapes``, or the compiler failed."""
+    compile_failures: int = 0
+    """Compiles that raised; from the first, every step runs eagerly."""
 
     def as_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in asdict(self).items()}
@@ -57,6 +63,7 @@ class CapturedStep:
         self.max_shapes = int(max_shapes)
         self.compiled = torch.compile(body, dynamic=False, mode=mode, backend=backend)
         self.seen: set[tuple] = set()
+        self.failed: str | None = None
         limit = max(64, 4 * self.max_shapes)  # every algorithm instance compiles its own graphs
         cfg = torch._dynamo.config
         cfg.recompile_limit = max(cfg.recompile_limit, limit)
@@ -67,11 +74,21 @@ class CapturedStep:
         if sig in self.seen:
             self.stats.captured_steps += 1
             return self.compiled(*args)
-        if len(self.seen) >= self.max_shapes:
+        if len(self.seen) >= self.max_shapes or self.failed is not None:
             self.stats.eager_steps += 1
             return self.body(*args)
         t0 = time.perf_counter()
-        out = self.compiled(*args)
+        try:
+            out = self.compiled(*args)
+        except Exception as e:  # noqa: BLE001 - the compiler's failure, not the step's: go eager
+            # a graph that failed to compile never ran, and the body zeroes the gradients first,
+            # so running the whole step eagerly now is the same update
+            self.failed = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+            self.stats.compile_failures += 1
+            self.stats.eager_steps += 1
+            warnings.warn(f"the captured update could not be compiled ({self.failed}); it runs eagerly "
+                          "(--compile-update False skips the attempt)", RuntimeWarning, stacklevel=2)
+            return self.body(*args)
         if any(isinstance(a, Tensor) and a.is_cuda for a in args):
             torch.cuda.synchronize()
         self.stats.compile_s += time.perf_counter() - t0

@@ -305,7 +305,8 @@ def build_learner(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, a
     return Learner(lcfg, algo, events, snapshots=store, breaker=breaker, lag_signal=lag_signal,
                    on_update=update_hook, blob_store=blob, parallel=parallel,
                    policy_breaker=build_policy_breaker(cfg, metrics), replay=replay,
-                   batch_control=control, gpu_util=gpu_util)
+                   batch_control=control, gpu_util=gpu_util,
+                   on_snapshot_failure=metrics.count_snapshot_failure if metrics is not None else None)
 
 
 @dataclass

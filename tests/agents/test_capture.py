@@ -133,3 +133,45 @@ def test_auto_captures_long_single_rank_runs_of_the_measured_algorithms():
     assert not pays_to_capture("agro", "cpu", 488 * 32)  # AGRO's 32 steps an update: 1M steps do not pay
     assert not pays_to_capture("ppo", "cpu", 156_160, ranks=2)
     assert not pays_to_capture("grpo", "cpu", 156_160)
+
+
+def test_a_compile_that_fails_runs_the_same_update_eagerly_and_says_so():
+    """No C++ compiler, or an op the compiler refuses: warned once, counted, and the update is the
+    eager one (the failed graph never ran), then and on every later step."""
+    import warnings
+
+    import torch
+
+    from agents.capture import CapturedStep, CaptureStats
+
+    def failing_backend(gm, example_inputs):
+        raise RuntimeError("no working C++ compiler found")
+
+    def make():
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+
+        def body(x):
+            opt.zero_grad(set_to_none=True)
+            loss = lin(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return lin, body
+
+    x = torch.randn(8, 4)
+    lin_e, body_e = make()
+    for _ in range(3):
+        body_e(x)
+    lin_c, body_c = make()
+    stats = CaptureStats()
+    step = CapturedStep(body_c, stats, backend=failing_backend)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            step(x)
+    assert [str(w.message) for w in caught if "could not be compiled" in str(w.message)] != []
+    assert len([w for w in caught if "could not be compiled" in str(w.message)]) == 1
+    assert (stats.compile_failures, stats.eager_steps, stats.captured_steps, stats.compiles) == (1, 3, 0, 0)
+    assert torch.equal(lin_c.weight, lin_e.weight) and torch.equal(lin_c.bias, lin_e.bias)
