@@ -32,6 +32,17 @@ def need(tool: str) -> str:
     return found
 
 
+def kafka_tools_ready():
+    """``localkafka.kafka_tools`` with Kafka's tools jars fetched (Java needed; Maven to fetch)."""
+    from localkafka import broker, kafka_tools
+
+    need("java")
+    if not (kafka_tools.tools_home(broker.default_version()) / "lib" / broker.MARKER).is_file():
+        need("mvn")
+    kafka_tools.fetch_tools(quiet=True)
+    return kafka_tools
+
+
 def java_program(source: Path, coordinates, what: str, expect: str | None = None):
     java, javac = need("java"), need("javac")
     if not broker.maven_is_fetched(broker.cache_root() / "interop" / _slug(coordinates) / "lib", coordinates):

@@ -8,11 +8,11 @@ import uuid
 
 import pytest
 
-from localkafka import broker, kafka_tools
+from localkafka import kafka_tools
 from streams.bus.kafka import KafkaBus
 from streams.topics import TopicSpec
 
-from .jvm import need
+from .jvm import kafka_tools_ready
 
 pytestmark = pytest.mark.kafka
 FAST_GROUP = {"heartbeat.interval.ms": 500, "session.timeout.ms": 6000}  # notice rebalances fast
@@ -20,11 +20,7 @@ FAST_GROUP = {"heartbeat.interval.ms": 500, "session.timeout.ms": 6000}  # notic
 
 @pytest.fixture(scope="module")
 def tools():
-    need("java")
-    if not (kafka_tools.tools_home(broker.default_version()) / "lib" / broker.MARKER).is_file():
-        need("mvn")
-    kafka_tools.fetch_tools(quiet=True)
-    return kafka_tools
+    return kafka_tools_ready()
 
 
 def test_committed_offsets_read_back_with_consumer_group_command(tools, kafka_bootstrap):

@@ -240,14 +240,9 @@ def test_replay_of_a_namespace_the_broker_lacks_names_those_it_has(kafka_bootstr
 
 @pytest.fixture(scope="module")
 def tools():
-    from localkafka import broker, kafka_tools
-    from tests.interop.jvm import need
+    from tests.interop.jvm import kafka_tools_ready
 
-    need("java")
-    if not (kafka_tools.tools_home(broker.default_version()) / "lib" / broker.MARKER).is_file():
-        need("mvn")
-    kafka_tools.fetch_tools(quiet=True)
-    return kafka_tools
+    return kafka_tools_ready()
 
 
 FAST_GROUP = {"heartbeat.interval.ms": 500, "session.timeout.ms": 6000}
