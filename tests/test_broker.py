@@ -378,7 +378,7 @@ def test_stdlib_cli_starts_a_ready_broker_and_stops_it(tmp_path):
     env = {k: v for k, v in os.environ.items() if k in keep}
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-S", "-m", "localkafka.broker", *args, "--port", str(port),
+        return subprocess.run([sys.executable, "-S", "-m", "localkafka", *args, "--port", str(port),
                                "--data-dir", str(tmp_path)], cwd=root, env=env, capture_output=True,
                               text=True, timeout=300)
 
