@@ -327,10 +327,18 @@ def test_the_learner_ranks_run_as_two_pods(kube, broker_and_redis):
                        every=3, on_timeout=lambda: "\n".join(kube.logs(f"rlstream-learner-ranks-{i}", "learner")
                                                              for i in range(world)))
               for r in range(world)]
-    logs = [kube.logs(f"rlstream-learner-ranks-{r}", "learner", 5) for r in range(world)]
-    assert [s["ExitCode"] for s in states] == [0, 0], logs
-    summary = json.loads(next(line for line in logs[0].splitlines() if line.startswith('{"summary"')))["summary"]
-    rank1 = json.loads(next(line for line in logs[1].splitlines() if line.startswith('{"rank_summary"')))
+    # stdout and stderr come interleaved: the summary need not be among the last lines, nor start one
+    logs = [kube.logs(f"rlstream-learner-ranks-{r}", "learner", 2000) for r in range(world)]
+    assert [s["ExitCode"] for s in states] == [0, 0], [log[-3000:] for log in logs]
+
+    def last(log: str, prefix: str) -> dict:
+        """The last JSON object starting with ``prefix``, wherever the interleaving put it in a line."""
+        at = log.rfind(prefix)
+        assert at >= 0, f"no {prefix} in:\n{log[-3000:]}"
+        return json.JSONDecoder().raw_decode(log, at)[0]
+
+    summary = last(logs[0], '{"summary"')["summary"]
+    rank1 = last(logs[1], '{"rank_summary"')
     assert summary["world_size"] == world and summary["rank"] == 0, summary
     steps = [s for s in read(bootstrap, LEARNER_STEPS) if isinstance(s, GradientStep)]
     assert sum(s.num_samples for s in steps) >= budget
