@@ -18,8 +18,10 @@ _GROUP_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
 
 #: The file in a decoupled run's directory that names the run's namespace (``rlstream.decoupled``).
 NAMESPACE_FILE = "namespace"
-#: The run a tool reads its namespace from when it is named neither by flag nor environment.
-LATEST_RUN = Path("runs") / "latest"
+#: Where runs go (``runs/<run-id>``), and the link to the newest: the run a tool reads its
+#: namespace from when it is named neither by flag nor environment.
+RUNS_ROOT = Path("runs")
+LATEST_RUN = RUNS_ROOT / "latest"
 
 
 def run_namespace(run_dir: str | Path | None) -> str | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from config.env import Environment
 from config.storage import ObjectStoreConfig
-from config.bus import LATEST_RUN
+from config.bus import LATEST_RUN, RUNS_ROOT
 from runtime.ports import DEFAULT_PORTS, KNOWN_COMMANDS, metrics_port
 from runtime.prune import DEFAULT_OLDER_THAN
 
@@ -311,18 +311,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-RUNS_ROOT = Path("runs")
-
-
 def run_dir_of(a: argparse.Namespace, run_id: str, resume: bool) -> tuple[Path, str]:
     """The run directory of a training command and its run id: ``--run-dir``, else ``runs/<run-id>``
     for a new run, else (``--resume``) the run ``runs/latest`` points at, under its recorded id."""
-    from runtime.rundir import LATEST, RunDir
+    from runtime.rundir import RunDir
 
     if a.run_dir is not None:
         path = a.run_dir
     elif resume:
-        latest = RUNS_ROOT / LATEST
+        latest = LATEST_RUN
         if not latest.exists():
             _refuse(f"--resume: no run to resume ({latest} does not exist); give the run with --run-dir")
         target = Path(os.readlink(latest)) if latest.is_symlink() else latest
@@ -363,10 +360,10 @@ def train_namespace(given: str, flag: str | None, run_id: str, run_dir: Path, re
     the one ``run_dir`` recorded, else the run id, so every new run has its own topics and groups."""
     if flag is not None or given:
         return given
-    from runtime.rundir import RunDir
+    from config.bus import run_namespace
 
-    recorded = RunDir(run_dir).recorded_namespace() if resume else None
-    if recorded:
+    recorded = run_namespace(run_dir) if resume else None
+    if recorded is not None:  # "" too: a run in the legacy unscoped names stays there
         return recorded
     from streams.topics import Namespace
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runtime.rundir import write_json_atomic
+
 
 #: A run's progress lines over time (``Progress.record_timeline``).
 TIMELINE_FILE = "timeline.json"
@@ -112,8 +114,6 @@ class Progress:
     def write(self, run_dir: Path, plot: bool, title: str) -> dict[str, str]:
         run_dir.mkdir(parents=True, exist_ok=True)
         out = {}
-        from runtime.rundir import write_json_atomic
-
         curve_path = write_json_atomic(run_dir / "curve.json", {"steps": [s for s, _ in self.curve],
                                                                 "returns": [r for _, r in self.curve]}, indent=None)
         out["curve"] = str(curve_path)
@@ -147,8 +147,6 @@ class Progress:
 
 def write_state(path: Path, fields: dict[str, Any]) -> None:
     """``fields`` as JSON at ``path``, replaced atomically (a reader never sees half a file)."""
-    from runtime.rundir import write_json_atomic
-
     write_json_atomic(path, {"t": time.time(), "pid": os.getpid(), **fields}, indent=None)
 
 

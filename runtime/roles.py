@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from runtime.rundir import write_json_atomic
+
 #: Suffix of a role's summary file in its run directory: ``<run-dir>/<role>.summary.json``.
 SUMMARY_SUFFIX = ".summary.json"
 #: A round of ``drive`` running this long is logged as stalled (again every as long), with where
@@ -227,8 +229,6 @@ def summary_path(run_dir: Path, name: str) -> Path:
 
 def write_summary(run_dir: Path, name: str, summary: dict[str, Any]) -> Path:
     """Write role ``name``'s summary to ``<run_dir>/<name>.summary.json`` (atomically)."""
-    from runtime.rundir import write_json_atomic
-
     return write_json_atomic(summary_path(run_dir, name), summary)
 
 

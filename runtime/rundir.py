@@ -18,12 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from config.bus import LATEST_RUN, NAMESPACE_FILE
+
 __all__ = ["LATEST", "MARKER", "RunDir", "RunDirError", "RunInfo", "find_runs", "is_run", "write_json_atomic"]
 
 #: The marker file of a run directory.
 MARKER = "run.json"
 #: ``<runs>/latest``: a link to the newest run's directory.
-LATEST = "latest"
+LATEST = LATEST_RUN.name
 #: Version of the marker's layout.
 MARKER_SCHEMA = 1
 
@@ -148,8 +150,6 @@ class RunDir:
 
     @property
     def namespace_file(self) -> Path:
-        from config.bus import NAMESPACE_FILE
-
         return self.path / NAMESPACE_FILE
 
     @property
@@ -174,15 +174,6 @@ class RunDir:
         """The marker's contents (None: no marker)."""
         doc = _read_json(self.marker) if self.marker.is_file() else None
         return RunInfo.from_dict(doc) if doc else None
-
-    def recorded_namespace(self) -> str | None:
-        """The namespace the run recorded (its marker, else its ``namespace`` file)."""
-        info = self.info()
-        if info is not None and info.namespace:
-            return info.namespace
-        if self.namespace_file.is_file():
-            return self.namespace_file.read_text().strip() or None
-        return None
 
     def claim(self, run_id: str, *, mode: str, resume: bool = False, join: bool = False, adopt: bool = False,
               algo: str = "", env_id: str = "", namespace: str = "") -> str:
@@ -224,14 +215,9 @@ class RunDir:
         write_json_atomic(self.marker, RunInfo(run_id=run_id, mode=mode, created=time.time(), algo=algo,
                                                env_id=env_id, namespace=namespace, host=socket.gethostname(),
                                                pid=os.getpid()).as_dict())
+        if mode == "decoupled":  # what the tools and --resume read (config.bus.run_namespace)
+            self.namespace_file.write_text(namespace + "\n")
         return run_id
-
-    def record_namespace(self, namespace: str) -> None:
-        """Note the run's namespace in the marker (and the ``namespace`` file older readers use)."""
-        info = self.info()
-        if info is not None and info.namespace != namespace:
-            write_json_atomic(self.marker, {**info.as_dict(), "namespace": namespace})
-        self.namespace_file.write_text(namespace + "\n")
 
     def point_latest(self) -> None:
         """Make ``<parent>/latest`` a relative link to this directory (atomically)."""

@@ -28,6 +28,8 @@ def test_resume_reuses_the_recorded_namespace(tmp_path):
     (tmp_path / "namespace").write_text("abc123\n")
     argv = ["train", "--mode", "decoupled", "--run-dir", str(tmp_path), "--resume"]
     assert ns_of(argv) == "abc123"
+    (tmp_path / "namespace").write_text("\n")  # a run in the legacy unscoped names stays in them
+    assert ns_of(argv) == ""
 
 
 def test_roles_and_tools_agree_through_the_environment(monkeypatch, tmp_path):

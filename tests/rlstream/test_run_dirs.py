@@ -149,6 +149,11 @@ def test_claim_rules(tmp_path: Path) -> None:
         rd.claim("c", mode="decoupled", join=True, adopt=True, namespace="exp2")
     with pytest.raises(RunDirError, match="belongs to run 'a'"):
         rd.claim("c", mode="colocated", join=True, adopt=True)
+    from config.bus import run_namespace
+
+    RunDir(tmp_path / "role-run").claim("r", mode="decoupled", namespace="exp1")  # a role started alone
+    assert run_namespace(tmp_path / "role-run") == "exp1"  # what the tools read without --namespace
+    assert run_namespace(rd.path) == "" and run_namespace(tmp_path / "none") is None
     link = tmp_path / "link"
     link.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     with pytest.raises(RunDirError, match="is a link"):
