@@ -23,10 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from runtime.rundir import write_json_atomic
+from runtime.rundir import SUMMARY_SUFFIX, RunDir, write_json_atomic
 
-#: Suffix of a role's summary file in its run directory: ``<run-dir>/<role>.summary.json``.
-SUMMARY_SUFFIX = ".summary.json"
 #: A round of ``drive`` running this long is logged as stalled (again every as long), with where
 #: the driving thread is: a role blocked in a client call stays visible (and diagnosable) in its log.
 STALL_WARN_S = 20.0
@@ -224,7 +222,7 @@ def drive_overlapped(side: Sequence[Slot], main: Sequence[Slot], after: Sequence
 
 
 def summary_path(run_dir: Path, name: str) -> Path:
-    return Path(run_dir) / f"{name}{SUMMARY_SUFFIX}"
+    return RunDir(run_dir).summary_file(name)
 
 
 def write_summary(run_dir: Path, name: str, summary: dict[str, Any]) -> Path:

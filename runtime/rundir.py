@@ -26,6 +26,8 @@ __all__ = ["LATEST", "MARKER", "RunDir", "RunDirError", "RunInfo", "find_runs", 
 MARKER = "run.json"
 #: ``<runs>/latest``: a link to the newest run's directory.
 LATEST = LATEST_RUN.name
+#: A role's summary in its run directory: ``<run-dir>/<role>.summary.json``.
+SUMMARY_SUFFIX = ".summary.json"
 #: Version of the marker's layout.
 MARKER_SCHEMA = 1
 
@@ -139,35 +141,17 @@ class RunDir:
 
     def summary_file(self, role: str | None = None) -> Path:
         """``summary.json`` (the run's) or ``<role>.summary.json``."""
-        return self.path / ("summary.json" if role is None else f"{role}.summary.json")
+        return self.path / ("summary.json" if role is None else f"{role}{SUMMARY_SUFFIX}")
 
     def state_file(self, role: str) -> Path:
         return self.path / f"{role}.state.json"
-
-    def config_file(self, role: str | None = None) -> Path:
-        """``config.json`` (what every child of a decoupled run reads) or ``<role>.config.json``."""
-        return self.path / ("config.json" if role is None else f"{role}.config.json")
 
     @property
     def namespace_file(self) -> Path:
         return self.path / NAMESPACE_FILE
 
-    @property
-    def timeline_file(self) -> Path:
-        return self.path / "timeline.json"
-
-    @property
-    def log_dir(self) -> Path:
-        return self.path / "log"
-
-    def write_json(self, path: Path, obj: Any) -> Path:
-        return write_json_atomic(path, obj)
-
     def write_summary(self, summary: dict[str, Any], role: str | None = None) -> Path:
         return write_json_atomic(self.summary_file(role), summary)
-
-    def read_json(self, path: Path) -> dict[str, Any] | None:
-        return _read_json(path)
 
     # --- ownership ---------------------------------------------------------------------------
     def info(self) -> RunInfo | None:
