@@ -42,7 +42,8 @@ def private_broker() -> Iterator[str]:
     """A one-node Kafka of this bench's own, on free ports, in a throw-away directory: its bootstrap."""
     import socket
 
-    from localkafka.broker import LocalKafka, port_is_free
+    from localkafka.broker import LocalKafka
+    from localkafka.probe import port_is_free
 
     for _ in range(50):
         with socket.socket() as sock:

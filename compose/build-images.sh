@@ -40,7 +40,7 @@ LOCAL_BASE=localhost/rlstream-base:$SUITE
 BASE=${RLSTREAM_BASE_IMAGE:-$LOCAL_BASE}
 TORCH_INDEX_URL=${TORCH_INDEX_URL-}
 CA=${RLSTREAM_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
-KAFKA_VERSION=$(sed -n 's/^KAFKA_VERSION = "\(.*\)"/\1/p' localkafka/broker.py)
+KAFKA_VERSION=$(sed -n 's/^KAFKA_VERSION = "\(.*\)"/\1/p' localkafka/paths.py)
 REPORT=${RLSTREAM_BUILD_REPORT:-}
 if [ -x .venv/bin/python ]; then PY=$ROOT/.venv/bin/python; else PY=${PYTHON:-python3}; fi
 PACKAGES=(config rlstream runtime logtools localkafka streams actor learner agents schemas)

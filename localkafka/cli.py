@@ -15,20 +15,18 @@ import shutil
 import sys
 from pathlib import Path
 
-from localkafka import broker
 from localkafka import cluster as lc
-from localkafka.broker import (
+from localkafka.broker import DEFAULT_START_TIMEOUT, DEFAULT_STOP_TIMEOUT, LocalKafka
+from localkafka.fetch import MARKER, fetch
+from localkafka.paths import (
     DEFAULT_PORT,
-    DEFAULT_START_TIMEOUT,
-    DEFAULT_STOP_TIMEOUT,
     HOST,
     KAFKA_VERSION,
-    MARKER,
     BrokerError,
-    LocalKafka,
     PortBusyError,
+    _atomic_write,
+    cache_root,
     default_version,
-    fetch,
 )
 
 
@@ -172,12 +170,12 @@ def _cluster_command(args: argparse.Namespace, cluster) -> int:
 
 
 def _record(port: int) -> Path:
-    return broker.cache_root() / "brokers" / f"{port}.json"
+    return cache_root() / "brokers" / f"{port}.json"
 
 
 def remember(port: int, data_dir: Path, version: str, nodes: int) -> None:
     """Record the data dir a ``start`` on ``port`` used (``recall``)."""
-    broker._atomic_write(_record(port), json.dumps({"port": port, "data_dir": str(data_dir), "version": version,
+    _atomic_write(_record(port), json.dumps({"port": port, "data_dir": str(data_dir), "version": version,
                                                     "nodes": nodes}, indent=1) + "\n")
 
 

@@ -11,7 +11,7 @@ own ports and data dir, all voters of one controller quorum, formatted with one 
     cluster.start_node(2)        # start it again on its data; wait_in_sync() until it caught up
     cluster.close()              # SIGKILL every node (tests); stop_all() for a controlled stop
 
-The internal topics and the topic defaults follow the node count (``broker.cluster_replication``:
+The internal topics and the topic defaults follow the node count (``render.cluster_replication``:
 3 copies, 2 in sync for 3 nodes). Which node leads a partition comes from librdkafka's admin
 client (``describe_topics``); which node is the active controller from Kafka's own
 ``kafka-metadata-quorum describe --status`` (a KRaft broker's metadata names a random broker as
@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from config.env import Environment
-from localkafka import broker
-from localkafka.broker import HOST, JVM_HEAP, BrokerError, LocalKafka
+from localkafka.broker import DEFAULT_START_TIMEOUT, DEFAULT_STOP_TIMEOUT, JVM_HEAP, LocalKafka, new_cluster_id
+from localkafka.paths import DEFAULT_PORT, HOST, BrokerError, _atomic_write, default_version, kafka_home
 
 CLUSTER_FILE = "cluster.json"
 METADATA_QUORUM = "org.apache.kafka.tools.MetadataQuorumCommand"
@@ -51,7 +51,7 @@ def default_ports(port: int, nodes: int) -> list[tuple[int, int]]:
 
 def default_data_dir(port: int, version: str | None = None) -> Path:
     """``<cache>/kafka-<ver>/cluster-<port>``: one directory per node under it (``node-<id>``)."""
-    return broker.kafka_home(version or broker.default_version()) / f"cluster-{port}"
+    return kafka_home(version or default_version()) / f"cluster-{port}"
 
 
 class LocalCluster:
@@ -60,7 +60,7 @@ class LocalCluster:
     keeps ``cluster.json`` (cluster id, nodes, ports) and one data dir per node, so the same
     cluster comes back after a stop."""
 
-    def __init__(self, nodes: int = 3, *, port: int = broker.DEFAULT_PORT,
+    def __init__(self, nodes: int = 3, *, port: int = DEFAULT_PORT,
                  ports: Sequence[tuple[int, int]] | None = None, data_dir: str | Path | None = None,
                  version: str | None = None, extra_properties: Mapping[str, object] | None = None,
                  heap: Sequence[str] = JVM_HEAP, quiet: bool = False, env: Environment | None = None,
@@ -68,7 +68,7 @@ class LocalCluster:
         if nodes < 1:
             raise BrokerError(f"a cluster needs at least one node, not {nodes}")
         self.env = env or Environment.read()
-        self.version = version or broker.default_version(self.env)
+        self.version = version or default_version(self.env)
         self.host = host
         self.ports = [tuple(p) for p in (ports or default_ports(port, nodes))]
         if len(self.ports) != nodes:
@@ -100,8 +100,8 @@ class LocalCluster:
                     f"{self.data_dir} holds another cluster ({known.get('nodes')} nodes on ports "
                     f"{known.get('ports')}); stop it and start with --fresh, or use another --data-dir")
             return known["cluster_id"]
-        cid = broker.new_cluster_id()
-        broker._atomic_write(path, json.dumps({"cluster_id": cid, "version": self.version, **want}, indent=1) + "\n")
+        cid = new_cluster_id()
+        _atomic_write(path, json.dumps({"cluster_id": cid, "version": self.version, **want}, indent=1) + "\n")
         return cid
 
     @classmethod
@@ -131,7 +131,7 @@ class LocalCluster:
             print(f"rlstream broker: {msg}", file=sys.stderr, flush=True)
 
     # -- lifecycle -----------------------------------------------------------------------------
-    def start(self, timeout: float = broker.DEFAULT_START_TIMEOUT) -> None:
+    def start(self, timeout: float = DEFAULT_START_TIMEOUT) -> None:
         """Launch every node that is not running (together: none is ready before a majority runs),
         then wait until each answers and every broker is registered with the controller. On a
         failure, the nodes this call launched are killed and BrokerError says why."""
@@ -148,7 +148,7 @@ class LocalCluster:
         self._say(f"{len(self.nodes)}-node Kafka {self.version} cluster ready on {self.bootstrap} "
                   f"({time.monotonic() - t0:.1f}s, data {self.data_dir})")
 
-    def wait_ready(self, timeout: float = broker.DEFAULT_START_TIMEOUT, nodes: Iterable[int] | None = None) -> None:
+    def wait_ready(self, timeout: float = DEFAULT_START_TIMEOUT, nodes: Iterable[int] | None = None) -> None:
         """Until each running node of ``nodes`` (default all) answers a metadata request and lists
         all of them as alive brokers (with confluent-kafka importable)."""
         deadline = time.monotonic() + timeout
@@ -172,17 +172,17 @@ class LocalCluster:
         """SIGKILL one node (a crash: no controlled shutdown); its data dir is kept."""
         self.node(node_id).kill()
 
-    def stop(self, node_id: int, timeout: float = broker.DEFAULT_STOP_TIMEOUT) -> None:
+    def stop(self, node_id: int, timeout: float = DEFAULT_STOP_TIMEOUT) -> None:
         """Controlled shutdown of one node (SIGTERM: it hands its leaderships over first)."""
         self.node(node_id).stop(timeout)
 
-    def start_node(self, node_id: int, timeout: float = broker.DEFAULT_START_TIMEOUT) -> None:
+    def start_node(self, node_id: int, timeout: float = DEFAULT_START_TIMEOUT) -> None:
         """Start one stopped node again on its data and wait until it is a registered broker."""
         n = self.node(node_id)
         n.launch()
         self.wait_ready(timeout, nodes=[node_id])
 
-    def stop_all(self, timeout: float = broker.DEFAULT_STOP_TIMEOUT) -> list[int]:
+    def stop_all(self, timeout: float = DEFAULT_STOP_TIMEOUT) -> list[int]:
         """SIGTERM every running node at once, SIGKILL what still runs after ``timeout``; the
         node ids that were running."""
         running = {i: n.pid for i, n in self.nodes.items() if n.pid is not None}

@@ -10,9 +10,9 @@ What a Kafka user would check rlstream with, so tests can assert against it::
     consumer_perf(b, "t", messages=10000)                     # {"MB.sec": ..., "nMsg.sec": ...}
 
 The jars (``org.apache.kafka:kafka-tools:<broker version>`` and its runtime deps) are fetched
-with mvn into ``<cache>/kafka-tools-<version>/lib`` (``localkafka.broker.fetch_maven``).
+with mvn into ``<cache>/kafka-tools-<version>/lib`` (``localkafka.fetch_maven``).
 ``command_config`` (a dict) becomes the tools' ``--command-config`` file (SASL/SSL settings).
-Standard library only, like ``localkafka.broker``.
+Standard library only, like the rest of ``localkafka``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,16 @@ import time
 from pathlib import Path
 from typing import Mapping
 
-from localkafka import broker
+from localkafka.fetch import check_java, fetch_maven
+from localkafka.paths import (
+    LOGGING_DEPS_3X,
+    LOGGING_DEPS_4X,
+    BrokerError,
+    _tail,
+    cache_root,
+    default_version,
+    major_version,
+)
 
 CONSUMER_GROUPS = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"
 PRODUCER_PERF = "org.apache.kafka.tools.ProducerPerformance"
@@ -33,20 +42,20 @@ CONSUMER_PERF = "org.apache.kafka.tools.ConsumerPerformance"
 LOG_DIRS = "org.apache.kafka.tools.LogDirsCommand"
 
 
-class ToolError(broker.BrokerError):
+class ToolError(BrokerError):
     """A Kafka tool exited non-zero (the message has its output)."""
 
 
 def tools_home(version: str) -> Path:
-    return broker.cache_root() / f"kafka-tools-{version}"
+    return cache_root() / f"kafka-tools-{version}"
 
 
 def fetch_tools(version: str | None = None, *, quiet: bool = False) -> Path:
     """The lib dir holding ``kafka-tools`` of ``version`` (the broker's by default) and its deps."""
-    version = version or broker.default_version()
-    logging_deps = broker.LOGGING_DEPS_4X if broker.major_version(version) >= 4 else broker.LOGGING_DEPS_3X
+    version = version or default_version()
+    logging_deps = LOGGING_DEPS_4X if major_version(version) >= 4 else LOGGING_DEPS_3X
     coords = [("org.apache.kafka", "kafka-tools", version), *logging_deps]
-    lib = broker.fetch_maven(tools_home(version), coords, what=f"Kafka tools {version}",
+    lib = fetch_maven(tools_home(version), coords, what=f"Kafka tools {version}",
                              expect=f"kafka-tools-{version}", quiet=quiet)
     conf = tools_home(version) / "tools-log4j.properties"
     if not conf.is_file():  # warnings only, on stderr: stdout is the tool's answer
@@ -65,11 +74,11 @@ def run_tool(main_class: str, *args: str, bootstrap: str | None, version: str | 
     """Run one tool's main class with ``--bootstrap-server bootstrap`` (omitted when None) and
     ``args``; ``command_config`` is passed as a properties file after ``config_flag``. Returns the
     finished process (text stdout/stderr); raises ``ToolError`` on a non-zero exit if ``check``."""
-    version = version or broker.default_version()
+    version = version or default_version()
     lib = fetch_tools(version, quiet=True)
-    java = broker.check_java(version)
+    java = check_java(version)
     conf = tools_home(version) / "tools-log4j.properties"
-    log_opt = (f"-Dlog4j2.configurationFile={conf}" if broker.major_version(version) >= 4
+    log_opt = (f"-Dlog4j2.configurationFile={conf}" if major_version(version) >= 4
                else f"-Dlog4j.configuration=file:{conf}")
     cmd = [java, "-Xmx512m", log_opt, "-cp", str(lib / "*"), main_class, *args]
     if bootstrap is not None:
@@ -82,7 +91,7 @@ def run_tool(main_class: str, *args: str, bootstrap: str | None, version: str | 
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if check and res.returncode != 0:
         raise ToolError(f"{main_class.rsplit('.', 1)[-1]} {' '.join(args)} exited {res.returncode}:\n"
-                        f"{broker._tail(res.stdout + res.stderr)}")
+                        f"{_tail(res.stdout + res.stderr)}")
     return res
 
 

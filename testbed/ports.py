@@ -14,7 +14,7 @@ def free_port() -> int:
 
 def free_ports(n: int) -> list[int]:
     """``n`` distinct free ports whose first two are adjacent (LocalKafka's controller is port + 1)."""
-    from localkafka.broker import port_is_free
+    from localkafka.probe import port_is_free
 
     for _ in range(100):
         base = free_port()

@@ -80,7 +80,8 @@ def _unavailable(msg: str) -> None:
 @pytest.fixture(scope="session")
 def suite_kafka(tmp_path_factory):
     """Bootstrap servers of a broker this session started (see the module docstring)."""
-    from localkafka.broker import BrokerError, LocalKafka
+    from localkafka.broker import LocalKafka
+    from localkafka.paths import BrokerError
 
     reasons = []
     kafka = None

@@ -1,4 +1,4 @@
-"""Tests for localkafka.broker.
+"""Tests for localkafka's broker: paths, render, fetch, probe and the ``LocalKafka`` lifecycle.
 
 Unit tests run everywhere; the ``kafka`` marked tests probe the real broker with both clients
 (librdkafka's admin client and Kafka's own api-versions tool) and one starts a private broker
@@ -20,17 +20,13 @@ from pathlib import Path
 import pytest
 
 from localkafka import broker
+from localkafka.broker import LocalKafka
 from localkafka.cli import main
+from localkafka.fetch import fetch, fetch_maven, find_java, is_fetched, maven_is_fetched
+from localkafka.paths import KAFKA_VERSION, BrokerError, PortBusyError, default_version
+from localkafka.probe import is_ready, port_is_free, probe
+from localkafka.render import render_log4j, render_maven_pom, render_pom, render_properties, server_properties
 from tests.support import free_port
-from localkafka.broker import (
-    LocalKafka,
-    PortBusyError,
-    probe,
-    render_log4j,
-    render_pom,
-    render_properties,
-    server_properties,
-)
 
 
 # ---------------------------------------------------------------- helpers
@@ -104,7 +100,7 @@ def test_probe_http_server_is_not_kafka(serve):
     srv = serve(http)
     out = probe("127.0.0.1", srv.port, timeout=1)
     assert out["listening"] and not out["kafka"] and not out["ready"]
-    assert not broker.is_ready(srv.port)
+    assert not is_ready(srv.port)
 
 
 def test_probe_accept_and_close_is_not_kafka(serve):
@@ -137,7 +133,7 @@ def _topics(bootstrap: str) -> set[str]:
 def test_probe_agrees_with_the_real_broker(kafka_bootstrap, via):
     """Either client's probe sees the session's real broker as the cluster describes itself."""
     host, port = _host_port(kafka_bootstrap)
-    if via == "java" and not broker.is_fetched(broker.default_version()):
+    if via == "java" and not is_fetched(default_version()):
         pytest.skip("Kafka jars not fetched (the session broker is not a LocalKafka)")
     out = probe(host, port, timeout=10, via=via)
     assert out["listening"] and out["kafka"] and out["ready"] and out["via"] == via, out
@@ -158,7 +154,7 @@ def test_probe_closed_port_not_ready_with_either_client(via):
 def test_probe_listener_that_is_not_kafka_with_either_client(serve, via):
     """A port that accepts and hangs up: the client itself (Kafka's Java tool for ``java``)
     must say it is not Kafka."""
-    if via == "java" and not broker.is_fetched(broker.default_version()):
+    if via == "java" and not is_fetched(default_version()):
         msg = "Kafka jars not fetched: the java probe has no tool to run"
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(msg)
@@ -226,7 +222,7 @@ def test_server_properties_and_broker_on_another_address(tmp_path):
     assert "PLAINTEXT://10.213.7.11:29092" in kafka.write_properties().read_text()
     assert LocalKafka(port=29092, data_dir=tmp_path).bootstrap == "127.0.0.1:29092"
     # an address this host lacks is held by nothing here (the stop waits on it)
-    assert broker.port_is_free(29092, "198.51.100.7")
+    assert port_is_free(29092, "198.51.100.7")
 
 
 def test_render_properties_round_trips():
@@ -241,7 +237,7 @@ def test_default_paths_and_controller_port(tmp_path, monkeypatch):
     monkeypatch.setenv("RLSTREAM_CACHE", str(tmp_path))
     monkeypatch.delenv("RLSTREAM_KAFKA_VERSION", raising=False)
     kafka = LocalKafka(port=29092)
-    assert kafka.version == broker.KAFKA_VERSION == "3.9.1"
+    assert kafka.version == KAFKA_VERSION == "3.9.1"
     assert kafka.controller_port == 29093
     assert kafka.bootstrap == "127.0.0.1:29092"
     assert kafka.data_dir == tmp_path / "kafka-3.9.1" / "data-29092"
@@ -262,13 +258,13 @@ def test_pom_and_log4j():
 
 
 def test_maven_fetch_of_any_coordinates(tmp_path, monkeypatch):
-    pom = broker.render_maven_pom("tools", [("org.apache.kafka", "kafka-tools", "3.9.1")])
+    pom = render_maven_pom("tools", [("org.apache.kafka", "kafka-tools", "3.9.1")])
     assert "<artifactId>kafka-tools</artifactId>" in pom and "<artifactId>tools</artifactId>" in pom
     coords = [("org.apache.avro", "avro", "1.12.1")]
-    assert not broker.maven_is_fetched(tmp_path / "lib", coords)
+    assert not maven_is_fetched(tmp_path / "lib", coords)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    with pytest.raises(broker.BrokerError, match="mvn not found"):
-        broker.fetch_maven(tmp_path, coords, what="Avro")
+    with pytest.raises(BrokerError, match="mvn not found"):
+        fetch_maven(tmp_path, coords, what="Avro")
 
 
 def test_cluster_id_format():
@@ -299,8 +295,8 @@ def test_stale_pid_file_is_ignored(tmp_path):
 def test_missing_mvn_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("RLSTREAM_CACHE", str(tmp_path))
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    with pytest.raises(broker.BrokerError, match="mvn not found"):
-        broker.fetch("3.9.1", quiet=True)
+    with pytest.raises(BrokerError, match="mvn not found"):
+        fetch("3.9.1", quiet=True)
 
 
 # ---------------------------------------------------------------- real broker
@@ -308,16 +304,16 @@ def test_missing_mvn_is_a_clear_error(tmp_path, monkeypatch):
 
 def _kafka_available() -> str | None:
     try:
-        broker.find_java()
-    except broker.BrokerError as exc:
+        find_java()
+    except BrokerError as exc:
         return f"no java: {exc}"
-    if not broker.is_fetched(broker.default_version()) and shutil.which("mvn") is None:
+    if not is_fetched(default_version()) and shutil.which("mvn") is None:
         return "Kafka jars not cached and mvn not installed (apt-get install -y maven)"
     return None
 
 
 def _pick_port(preferred: int) -> int:
-    return preferred if broker.port_is_free(preferred) else free_port()
+    return preferred if port_is_free(preferred) else free_port()
 
 
 @pytest.mark.kafka
@@ -359,7 +355,7 @@ def test_start_stop_restart_keeps_data(tmp_path):
     for via in ("confluent-kafka", "java"):
         assert not probe("127.0.0.1", port, timeout=2, via=via)["ready"]
     assert not kafka.is_running()
-    assert broker.port_is_free(port) and broker.port_is_free(ctrl)
+    assert port_is_free(port) and port_is_free(ctrl)
     assert not (tmp_path / "kafka" / "broker.pid").exists()
 
 

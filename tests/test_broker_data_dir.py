@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from localkafka import broker
 from localkafka.broker import LocalKafka
+from localkafka.fetch import is_fetched
+from localkafka.paths import cache_root, default_version
 from tests.support import free_port, free_port_pair
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,11 +28,11 @@ def broker_cli(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.kafka
 def test_status_and_stop_by_port_find_a_broker_started_with_its_own_data_dir(tmp_path):
-    if not broker.is_fetched(broker.default_version()) and not broker.shutil.which("mvn"):
+    if not is_fetched(default_version()) and not shutil.which("mvn"):
         pytest.skip("no Kafka jars and no mvn to fetch them")
     port = free_port_pair()
     data = tmp_path / "my-kafka"
-    record = broker.cache_root() / "brokers" / f"{port}.json"
+    record = cache_root() / "brokers" / f"{port}.json"
     try:
         started = broker_cli("start", "--port", str(port), "--data-dir", str(data))
         assert started.returncode == 0, started.stderr[-3000:]
@@ -67,7 +69,7 @@ def test_a_record_whose_data_dir_is_gone_is_ignored(tmp_path):
     from localkafka.cli import recall, remember
 
     port = free_port()
-    record = broker.cache_root() / "brokers" / f"{port}.json"
+    record = cache_root() / "brokers" / f"{port}.json"
     try:
         remember(port, tmp_path / "d", "3.9.1", 1)
         assert recall(port) is None  # never made

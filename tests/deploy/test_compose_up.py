@@ -130,7 +130,7 @@ def test_compose_up_trains_to_its_budget_through_a_learner_kill_and_a_scale_up(s
 
     # -- infrastructure first (podman runs no healthchecks without systemd: poll from here) --
     stack.compose("up", "-d", "--no-deps", "kafka", "redis", "prometheus")
-    from localkafka.broker import probe
+    from localkafka.probe import probe
 
     wait_for(lambda: probe("127.0.0.1", ports["kafka"], timeout=5).get("ready"), 180, "Kafka in its container",
              every=2, on_timeout=stack.all_logs)

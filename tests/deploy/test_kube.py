@@ -197,7 +197,7 @@ def broker_and_redis(docker_api):
         for c in (kafka, redis):
             c.start()
             started.append(c)
-        from localkafka.broker import probe
+        from localkafka.probe import probe
 
         wait_for(lambda: probe("127.0.0.1", kport, timeout=5).get("ready"), 180, "Kafka (testcontainers)", every=2,
                  on_timeout=lambda: kafka.get_wrapped_container().logs(tail=40).decode(errors="replace"))

@@ -160,7 +160,7 @@ def _check_command(words: list[str], monkeypatch) -> None:
 
 def _free_block(n: int) -> int:
     """A port P with P..P+n-1 all free on 127.0.0.1 (a cluster's node i uses P+2i and P+2i+1)."""
-    from localkafka.broker import port_is_free
+    from localkafka.probe import port_is_free
 
     rng = random.Random()
     for _ in range(200):  # below Linux's ephemeral range, where outgoing connections take ports

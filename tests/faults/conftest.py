@@ -72,7 +72,8 @@ def _jaas(users: dict[str, str]) -> str:
 def private_kafka(tmp_path_factory):
     """A broker of this test's own (see the module docstring); skipped where none can start
     (no java / jars), failed instead when ``CI=true``."""
-    from localkafka.broker import BrokerError, LocalKafka
+    from localkafka.broker import LocalKafka
+    from localkafka.paths import BrokerError
 
     port, controller, sasl = free_ports(3)
     host = "127.0.0.1"

@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from localkafka.broker import probe
+from localkafka.probe import probe
 from schemas.codec import Codec
 from streams.topics import LEARNER_STEPS, SAMPLES_RAW, all_topics
 from tests.support.kafka import leaders_ready

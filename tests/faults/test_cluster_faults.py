@@ -52,7 +52,7 @@ STARTUP_S = 240  # roles import torch and Faust; a broker's JVM starts: generous
 
 def contiguous_free_ports(n: int) -> int:
     """A port p with p .. p+n-1 free on 127.0.0.1 (the CLI puts node i on p+2i and p+2i+1)."""
-    from localkafka.broker import port_is_free
+    from localkafka.probe import port_is_free
 
     for _ in range(200):
         base = free_port()
@@ -70,7 +70,7 @@ def _unavailable(msg: str) -> None:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A 3-node cluster started with ``rlstream broker start --nodes 3``; SIGKILLed at the end."""
-    from localkafka.broker import BrokerError
+    from localkafka.paths import BrokerError
     from localkafka.cluster import LocalCluster
 
     data = tmp_path_factory.mktemp("cluster")

@@ -1,6 +1,6 @@
 """Run a small Java program kept in the repo against jars fetched from Maven Central.
 
-``java_program(source, coordinates, what)`` fetches the jars (``localkafka.broker.fetch_maven``,
+``java_program(source, coordinates, what)`` fetches the jars (``localkafka.fetch.fetch_maven``,
 cached), compiles ``source`` with ``javac`` into the cache (once per source content) and returns
 ``run(*args) -> stdout``. Without java/javac/mvn the test is skipped, except under ``CI=true``,
 where it fails.
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from localkafka import broker
+from localkafka.fetch import fetch_maven, maven_is_fetched
+from localkafka.paths import cache_root
 
 JAVA_SRC = Path(__file__).parent
 
@@ -34,10 +35,12 @@ def need(tool: str) -> str:
 
 def kafka_tools_ready():
     """``localkafka.kafka_tools`` with Kafka's tools jars fetched (Java needed; Maven to fetch)."""
-    from localkafka import broker, kafka_tools
+    from localkafka import kafka_tools
+    from localkafka.fetch import MARKER
+    from localkafka.paths import default_version
 
     need("java")
-    if not (kafka_tools.tools_home(broker.default_version()) / "lib" / broker.MARKER).is_file():
+    if not (kafka_tools.tools_home(default_version()) / "lib" / MARKER).is_file():
         need("mvn")
     kafka_tools.fetch_tools(quiet=True)
     return kafka_tools
@@ -45,12 +48,12 @@ def kafka_tools_ready():
 
 def java_program(source: Path, coordinates, what: str, expect: str | None = None):
     java, javac = need("java"), need("javac")
-    if not broker.maven_is_fetched(broker.cache_root() / "interop" / _slug(coordinates) / "lib", coordinates):
+    if not maven_is_fetched(cache_root() / "interop" / _slug(coordinates) / "lib", coordinates):
         need("mvn")
-    lib = broker.fetch_maven(broker.cache_root() / "interop" / _slug(coordinates), coordinates,
-                             what=what, expect=expect, quiet=True)
+    lib = fetch_maven(cache_root() / "interop" / _slug(coordinates), coordinates,
+                      what=what, expect=expect, quiet=True)
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
-    classes = broker.cache_root() / "interop" / f"{source.stem}-{digest}"
+    classes = cache_root() / "interop" / f"{source.stem}-{digest}"
     if not (classes / f"{source.stem}.class").is_file():
         staging = classes.with_name(classes.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)

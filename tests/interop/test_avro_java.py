@@ -4,7 +4,7 @@ Java's ``BinaryMessageDecoder`` decodes one event of every type rlstream writes,
 decodes what Java's ``BinaryMessageEncoder`` writes; both sides use the ``.avsc`` files of
 ``schemas/avsc``. Values cross as Avro JSON datums (Java's JsonEncoder/JsonDecoder, fastavro's
 json_writer/json_reader) and are compared field by field with the original event.
-The Avro jars come from Maven Central as the Kafka jars do (``localkafka.broker.fetch_maven``);
+The Avro jars come from Maven Central as the Kafka jars do (``localkafka.fetch.fetch_maven``);
 ``AvroInterop.java`` is compiled once per source version into the same cache.
 """
 
