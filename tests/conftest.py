@@ -19,9 +19,11 @@ this session's tests on its own broker -- and creates the topics afresh, before 
 again after it, so no test sees another's records, offsets or policy versions. Such tests also
 use their own ``policy_id``, which the processors and the learner follow exclusively.
 
-Plugins: ``tests.support.reaper`` ends every process a test starts, pass or fail;
-``tests.support.services`` gives the ``kafka``/``redis`` marks to the tests using those fixtures
-and turns a skip for a missing service into a failure under ``CI=true``.
+Plugins: ``tests.support.reaper`` ends every process a test starts, pass or fail, and fails a
+test that left one running; ``tests.support.services`` gives the ``kafka``/``redis`` marks to the
+tests using those fixtures and turns a skip for a missing service into a failure under
+``CI=true``; ``tests.support.seeds`` makes one printed seed replay a run's random order and its
+hypothesis examples.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import pytest
 from streams.topics import TopicSpec
 from testbed.ports import free_port_pair
 
-pytest_plugins = ("tests.support.reaper", "tests.support.services")
+pytest_plugins = ("tests.support.reaper", "tests.support.services", "tests.support.seeds")
 
 # Group joins dominate Kafka test time: heartbeat often so a rebalance is noticed in ~0.5 s.
 # 6000 ms is the broker's group.min.session.timeout.ms.

@@ -1,12 +1,15 @@
 """The suite's own plugins, each run in a pytest of its own: ``tests.support.reaper`` (every
-process a test starts ends with it, pass or fail) and ``tests.support.services`` (the
-``kafka``/``redis`` marks follow the fixtures; under ``CI=true`` a skip for a missing service
-fails)."""
+process a test starts ends with it, pass or fail, and a test that leaves one running fails),
+``tests.support.services`` (the ``kafka``/``redis`` marks follow the fixtures; under ``CI=true`` a
+skip for a missing service fails) and ``tests.support.seeds`` (one printed seed replays the
+order and the hypothesis examples)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -30,6 +33,18 @@ def pytest_in(where: Path, source: str, *args: str, env: dict[str, str] | None =
                            "-p", "tests.support.reaper", "-p", "tests.support.services", "-q", "-rA",
                            "test_inner.py", *args], cwd=where, env=full_env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def leak_reports(stdout: str) -> dict[str, str]:
+    """test name -> the reaper's report of what that test left running, from a pytest's output."""
+    out, test = {}, None
+    for line in stdout.splitlines():
+        head = re.match(r"_+ ERROR at teardown of (\S+) _+$", line)
+        if head:
+            test = head.group(1)
+        elif test and line.startswith("the test left "):
+            out[test], test = line, None
+    return out
 
 
 def running(pid: int, start: int) -> bool:
@@ -110,7 +125,10 @@ def test_no_process_of_a_failed_decoupled_run_is_left(rl_kafka, tmp_path):
     nor the children the supervisor put in sessions of their own; gone by the next test."""
     p = pytest_in(tmp_path, DECOUPLED, env={"INNER_BOOTSTRAP": rl_kafka, "INNER_OUT": str(tmp_path),
                                             "OMP_NUM_THREADS": "1"})
-    assert "1 failed, 1 passed" in p.stdout and "a deliberate failure" in p.stdout, p.stdout[-4000:]
+    assert "1 failed, 1 passed, 1 error" in p.stdout and "a deliberate failure" in p.stdout, p.stdout[-4000:]
+    leak = leak_reports(p.stdout)
+    assert set(leak) == {"test_a_decoupled_run_then_a_failure"} and "rlstream" in leak[
+        "test_a_decoupled_run_then_a_failure"], p.stdout[-4000:]
     rec = json.loads((tmp_path / "run.json").read_text())
     parent_pid, parent = rec["parent"]
     kids = {int(pid): st for pid, st in rec["children"].items()}
@@ -147,36 +165,140 @@ def test_after():
 
 def test_a_process_without_the_mark_dies_with_the_group_it_is_in(tmp_path):
     p = pytest_in(tmp_path, GROUP)
-    assert "2 passed" in p.stdout, p.stdout[-3000:]
+    assert p.stdout.splitlines()[-1].startswith("2 passed, 1 error"), p.stdout[-3000:]
+    leak = leak_reports(p.stdout).get("test_starts_a_group_whose_member_cleared_its_environment", "")
+    assert re.match(r"the test left 2 process\(es\) .*sh -c .*sleep 1000$", leak), p.stdout[-3000:]
 
 
 SESSION = """
-import os, subprocess, pytest
+import os, shutil, subprocess, pytest
+
+SLEEP = shutil.which("sleep")
 
 @pytest.fixture(scope="session")
 def server():
-    proc = subprocess.Popen(["sleep", "1000"])
+    proc = subprocess.Popen([SLEEP, "1000"])
+    yield proc
+    proc.kill()
+
+@pytest.fixture(scope="session")
+def server_own_env():  # no mark: its own environment
+    proc = subprocess.Popen([SLEEP, "1001"], env={}, start_new_session=True)
     yield proc
     proc.kill()
 
 @pytest.fixture
 def helper():
-    return subprocess.Popen(["sleep", "1000"])
+    return subprocess.Popen([SLEEP, "1002"])
 
 def test_first(helper, request):
     request.getfixturevalue("server")  # set up inside the test
+    request.getfixturevalue("server_own_env")
     open("helper.pid", "w").write(str(helper.pid))
 
-def test_second(server):
-    assert server.poll() is None  # started for the session, not killed with test_first
+def test_second(server, server_own_env):
+    assert server.poll() is None and server_own_env.poll() is None  # the session's, not test_first's
     helper = int(open("helper.pid").read())
     assert not os.path.exists(f"/proc/{helper}") or open(f"/proc/{helper}/stat").read().split()[2] == "Z"
 """
 
 
 def test_a_session_fixtures_process_outlives_the_test_that_started_it(tmp_path):
+    """A session fixture's processes are its own, whatever their environment; the function
+    fixture's process that nobody ends is test_first's leak."""
     p = pytest_in(tmp_path, SESSION)
-    assert "2 passed" in p.stdout, p.stdout[-3000:]
+    assert p.stdout.splitlines()[-1].startswith("2 passed, 1 error"), p.stdout[-3000:]
+    leak = leak_reports(p.stdout)
+    assert set(leak) == {"test_first"} and "left 1 process(es)" in leak["test_first"], p.stdout[-3000:]
+    assert leak["test_first"].endswith("sleep 1002"), p.stdout[-3000:]
+
+
+LEAKS = """
+import os, shutil, signal, subprocess, time
+
+SLEEP = shutil.which("sleep")
+
+def wait_for_file(name):
+    deadline = time.monotonic() + 30
+    while not (os.path.exists(name) and open(name).read().strip()):
+        assert time.monotonic() < deadline, name
+        time.sleep(0.02)
+
+def test_leaks_a_child():
+    p = subprocess.Popen([SLEEP, "2001"])
+    open("child.pid", "w").write(str(p.pid))
+
+def test_leaks_a_session_with_an_environment_of_its_own():
+    # no mark in its environment, a session of its own, and a grandchild in it
+    p = subprocess.Popen(["sh", "-c", f"{SLEEP} 2002 & echo $! > grandchild.pid; wait"], env={},
+                         start_new_session=True)
+    open("own_env.pid", "w").write(str(p.pid))
+    wait_for_file("grandchild.pid")
+
+def test_ends_what_it_starts():
+    p = subprocess.Popen([SLEEP, "2003"], env={}, start_new_session=True)
+    os.killpg(p.pid, signal.SIGTERM)
+    p.wait()
+
+def test_kills_without_waiting():
+    subprocess.Popen([SLEEP, "2004"]).kill()  # already dying when the test ends: no leak
+
+def test_after():
+    for name in ("child.pid", "own_env.pid", "grandchild.pid"):
+        pid = int(open(name).read())
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z", name
+"""
+
+
+def test_a_test_that_leaves_a_process_running_fails_naming_it(tmp_path):
+    """A leak fails the test that leaked (an error at its teardown that names each process),
+    with or without the reaper's mark in the process's environment, and the process is gone
+    before the next test; a test that ends its processes, or has killed them, passes."""
+    p = pytest_in(tmp_path, LEAKS)
+    lines = p.stdout.splitlines()
+    assert lines[-1].startswith("5 passed, 2 errors"), p.stdout[-3000:]
+    errors = leak_reports(p.stdout)
+    assert set(errors) == {"test_leaks_a_child", "test_leaks_a_session_with_an_environment_of_its_own"}, p.stdout[-3000:]
+    child = int((tmp_path / "child.pid").read_text())
+    assert f"left 1 process(es) running when it ended (killed now): {child} " in errors["test_leaks_a_child"]
+    assert errors["test_leaks_a_child"].endswith("sleep 2001")
+    own, grandchild = (int((tmp_path / n).read_text()) for n in ("own_env.pid", "grandchild.pid"))
+    session = errors["test_leaks_a_session_with_an_environment_of_its_own"]
+    assert "left 2 process(es)" in session and f"{own} sh -c" in session and f"{grandchild} " in session, session
+
+
+HYPOTHESIS = """
+import os
+from hypothesis import given, strategies as st
+
+@given(st.integers(0, 10**9))
+def test_records(x):
+    with open(os.environ["EXAMPLES"], "a") as f:
+        f.write(f"{x}\\n")
+
+@given(st.integers(0, 1000))
+def test_fails_above_700(x):
+    assert x < 700
+"""
+
+
+def test_hypothesis_prints_the_seed_of_a_failure_and_the_seed_replays_the_examples(tmp_path):
+    """Under CI, as .ci/run runs it: a failed hypothesis test names the run's seed and the
+    example's blob; the same seed draws the same examples, another seed others."""
+    def run(seed: int, name: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+        examples = tmp_path / name
+        p = pytest_in(tmp_path, HYPOTHESIS, "-p", "tests.support.seeds", f"--random-order-seed={seed}",
+                      env={"CI": "true", "EXAMPLES": str(examples)})
+        return p, examples.read_text().split()
+
+    p, first = run(1234, "a")
+    assert "1 failed, 1 passed" in p.stdout.splitlines()[-1], p.stdout[-3000:]
+    assert "hypothesis seed 1234: rerun with --hypothesis-seed=1234" in p.stdout, p.stdout[-3000:]
+    assert "@reproduce_failure(" in p.stdout and "x=700" in p.stdout, p.stdout[-3000:]
+    _, again = run(1234, "b")
+    _, other = run(4321, "c")
+    assert len(first) > 50 and first == again, (first[:5], again[:5])
+    assert set(first) != set(other), first[:5]
 
 
 MARKS = """
@@ -271,4 +393,5 @@ def test_a_pytest_run_by_a_test_leaves_its_processes_to_that_tests_reaper(tmp_pa
     p = pytest_in(tmp_path, CRASH)
     assert p.returncode == 3, p.stdout[-3000:]
     pid = int((tmp_path / "sleep.pid").read_text())
-    assert pid in reaper.alive()  # the inner session's mark extends this test's: reaped at its end
+    assert pid in reaper.alive()  # the inner session's mark extends this test's
+    os.killpg(pid, signal.SIGKILL)  # this test's to end (left running, it would fail this test)

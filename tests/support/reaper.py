@@ -11,8 +11,18 @@ session, so other people's runs, a shared broker and other pytest sessions are n
 Processes started while a session- or module-scoped fixture is set up (the suite's brokers, a
 module's training run) carry the session's mark instead, and are reaped when the session ends.
 A nested pytest's mark extends its parent's (``outer/inner``), so the outer test reaps the inner
-session's processes too. What was reaped is listed at the end of the run (``reaped``): a test
-there left processes behind when it ended.
+session's processes too.
+
+A test that leaves a process running **fails** (an error at its teardown, naming each process):
+the reaper kills them, then fails it. Its processes are those carrying its mark, and also those
+it started with an environment of their own (``env={...}`` without the mark): every child of
+this pytest process that started during the test and is still running, with its descendants and
+the process groups and sessions it leads. A process already dying (a SIGKILL pending: the test
+killed it and did not wait) is not a leak. The exemption of a session's or a module's fixture is
+by construction, not by a list of names: what a wider-scoped fixture starts carries the
+session's mark, or, started with an environment of its own, is recorded as the fixture's while it
+is set up; neither is ever a test's. What was killed is also listed at the end of the run
+(``reaped``).
 """
 
 from __future__ import annotations
@@ -99,6 +109,63 @@ def _stat(pid: int) -> list[str] | None:
         return None
 
 
+def _mark_of(pid: int) -> str | None:
+    """The value of ``ENV`` in ``pid``'s environment (None: unset, or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read()
+    except OSError:
+        return None
+    for var in env.split(b"\0"):
+        if var.startswith(ENV.encode() + b"="):
+            return var.split(b"=", 1)[1].decode(errors="replace")
+    return None
+
+
+def _dying(pid: int) -> bool:
+    """``pid`` has ended, or a SIGKILL is pending for it (it is past saving: not a leak)."""
+    fields = _stat(pid)
+    if fields is None or fields[0] in ("Z", "X"):
+        return True
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return True
+    kill_bit = 1 << (signal.SIGKILL - 1)
+    return any(int(status.get(key, "0").strip() or "0", 16) & kill_bit for key in ("SigPnd", "ShdPnd"))
+
+
+def _table() -> dict[int, tuple[int, int, int, int]]:
+    """pid -> (ppid, process group, session, start) of every running (not ended) process."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = _stat(int(name))
+            if fields is not None and fields[0] not in ("Z", "X"):
+                out[int(name)] = (int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]))
+    return out
+
+
+def children() -> set[tuple[int, int]]:
+    """(pid, start) of this process's running children."""
+    me = os.getpid()
+    return {(pid, start) for pid, (ppid, _, _, start) in _table().items() if ppid == me}
+
+
+def _family(roots: set[int], table: dict[int, tuple[int, int, int, int]]) -> set[int]:
+    """``roots``, their descendants, and the members of the process groups and sessions any of
+    them leads (never this process's own group or session)."""
+    own = {os.getpgrp(), os.getsid(0)}
+    found = set(roots)
+    while True:
+        more = {pid for pid, (ppid, pgrp, sid, _) in table.items() if pid not in found and (
+            ppid in found or (pgrp in found and pgrp not in own) or (sid in found and sid not in own))}
+        if not more:
+            return found
+        found |= more
+
+
 def _start(pid: int) -> int | None:
     fields = _stat(pid)
     return int(fields[19]) if fields else None
@@ -146,7 +213,11 @@ def pytest_configure(config: pytest.Config) -> None:
     mark = f"s{os.getpid()}-{uuid.uuid4().hex[:8]}"
     config.stash[_SESSION] = f"{parent}/{mark}" if parent else mark
     config.stash[_REAPED] = []
+    config.stash[_OWNED] = set()
     os.environ[ENV] = config.stash[_SESSION]
+
+
+_OWNED = pytest.StashKey[set]()  # (pid, start) of children a wider-scoped fixture started
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -161,8 +232,12 @@ def pytest_fixture_setup(fixturedef, request):
     session's mark: it outlives the test that first asked for it."""
     if fixturedef.scope == "function":
         return (yield)
-    with mark_as(_session_mark(request.config)):
-        return (yield)
+    before = children()
+    try:
+        with mark_as(_session_mark(request.config)):
+            return (yield)
+    finally:  # children it started with an environment of their own are the fixture's too
+        request.config.stash[_OWNED].update(children() - before)
 
 
 class Reaper:
@@ -175,17 +250,64 @@ class Reaper:
         return marked(self.mark)
 
 
+def leaked(mark: str, session_mark: str, before: set[tuple[int, int]], owned: set[tuple[int, int]]) -> dict[int, str]:
+    """pid -> command line of what a test (``mark``) left running: the processes carrying its
+    mark, and the children of this process it started without one (not among ``before``, its
+    children when it began, nor ``owned`` by a wider fixture), with their families (``_family``).
+    Processes already dying are left out."""
+    table = _table()
+    roots = set(marked(mark))
+    for pid, (ppid, _, _, start) in table.items():
+        if ppid != os.getpid() or (pid, start) in before or (pid, start) in owned:
+            continue
+        theirs = _mark_of(pid)
+        if theirs is None or not (theirs == session_mark or theirs.startswith(session_mark + "/")):
+            roots.add(pid)  # started during the test, with an environment of its own
+    return {pid: _cmdline(pid) for pid in sorted(_family(roots, table)) if not _dying(pid)}
+
+
+def kill_all(pids, timeout: float = 30.0) -> None:
+    """SIGKILL ``pids`` and the groups they lead, and wait until each has ended."""
+    own_group = os.getpgrp()
+    starts = {pid: _start(pid) for pid in pids}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if os.getpgid(pid) == pid and pid != own_group:
+                os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while any(_running(pid, start) for pid, start in starts.items()):
+        _collect_zombies(starts)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"processes survive SIGKILL: {sorted(starts)}")
+        time.sleep(0.05)
+    _collect_zombies(starts)
+
+
 @pytest.fixture(autouse=True)
 def reaper(request) -> Iterator[Reaper]:
-    """Marks this test's processes and SIGKILLs whatever of them is left when it ends (see the
-    module docstring). Autouse: set up before, torn down after, the test's other fixtures."""
+    """Marks this test's processes; when it ends, kills whatever of them still runs and fails
+    the test naming them (see the module docstring). Autouse: set up before, torn down after,
+    the test's other function-scoped fixtures, so their own teardown has run by then."""
     digest = uuid.uuid5(uuid.NAMESPACE_URL, request.node.nodeid).hex[:8]
-    mark = f"{_session_mark(request.config)}/t{digest}-{uuid.uuid4().hex[:6]}"
+    session = _session_mark(request.config)
+    mark = f"{session}/t{digest}-{uuid.uuid4().hex[:6]}"
+    before = children()
     with mark_as(mark):
         yield Reaper(mark)
-    left = reap(mark)
+    owned = request.config.stash[_OWNED]
+    left = leaked(mark, session, before, owned)
+    if left:
+        kill_all(left)
+        late = leaked(mark, session, before, owned)  # started by one of them meanwhile
+        kill_all(late)
+        left.update(late)
+    reap(mark)  # and wait for those it had killed itself to be gone
     if left:
         request.config.stash[_REAPED].append((request.node.nodeid, left))
+        pytest.fail(f"the test left {len(left)} process(es) running when it ended (killed now): "
+                    + "; ".join(f"{pid} {cmd[:160]}" for pid, cmd in sorted(left.items())), pytrace=False)
 
 
 def pytest_terminal_summary(terminalreporter, config) -> None:
