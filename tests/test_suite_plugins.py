@@ -395,3 +395,27 @@ def test_a_pytest_run_by_a_test_leaves_its_processes_to_that_tests_reaper(tmp_pa
     pid = int((tmp_path / "sleep.pid").read_text())
     assert pid in reaper.alive()  # the inner session's mark extends this test's
     os.killpg(pid, signal.SIGKILL)  # this test's to end (left running, it would fail this test)
+
+
+NO_NAMESPACES = """
+from testbed import netns
+
+netns.unavailable = lambda: "a machine without namespaces (this test's stand-in)"
+"""
+
+
+@pytest.mark.parametrize("ci", ["true", ""])
+def test_the_netns_harness_tests_fail_in_ci_where_namespaces_are_unavailable(tmp_path, ci):
+    """tests/hosts/test_netns.py on a machine where namespaces cannot be made: under CI=true
+    (.ci/run installs iproute2 and nftables, and runs as root) every one fails; elsewhere they skip."""
+    (tmp_path / "no_namespaces.py").write_text(NO_NAMESPACES)
+    env = {**os.environ, "CI": ci, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no_namespaces", "-q", "-rA",
+                        "--random-order-bucket=none", "tests/hosts/test_netns.py"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    lines = p.stdout.splitlines()
+    if ci:
+        assert lines[-1].startswith("4 failed") or lines[-1].startswith("1 failed, 3 errors"), p.stdout[-3000:]
+        assert sum("CI=true" in ln and "namespaces unavailable" in ln for ln in lines) >= 4, p.stdout[-3000:]
+    else:
+        assert lines[-1].startswith("4 skipped"), p.stdout[-3000:]

@@ -6,8 +6,11 @@ Hosts: ``kafka``, ``learner``, ``streams`` (the Faust worker) and ``actor-0``, `
 The test process reaches them through its own port on the switch (the ledger, the progress
 counters); nothing but those addresses and loopback is contacted. Every namespace, link and
 process is removed when the test ends, pass or fail (``Network.close``, then the reaper).
-Where namespaces cannot be made (not root, no ``ip``/``nft``) the tests skip with the reason;
-under ``CI=true`` that skip fails the run, as for a missing broker (``tests/support/services.py``).
+Where namespaces cannot be made (not root, no ``ip``/``nft``), or a delay is asked for where
+neither ``sch_netem`` nor NFQUEUE works, the tests skip with the reason; under ``CI=true`` they
+fail instead (``missing``), as for a missing broker (``tests/support/services.py``): the harness's
+own tests (``test_netns.py``) as much as the hosts tests, and an impairment is never silently
+dropped there.
 """
 
 from __future__ import annotations
@@ -23,6 +26,14 @@ from tests.faults.conftest import Rig
 from testbed import netns
 
 HOSTS = ("kafka", "learner", "streams", "actor-0", "actor-1")
+
+
+def missing(msg: str) -> None:
+    """Skip for something this machine lacks (namespaces, a delay method); fail under ``CI=true``,
+    where .ci/run installs what they need."""
+    if os.environ.get("CI", "").strip().lower() == "true":
+        pytest.fail(f"CI=true: {msg}")
+    pytest.skip(msg)
 KAFKA_PORT = 9092  # free (and 9093, its controller's): the broker's namespace holds nothing else
 
 
@@ -49,6 +60,7 @@ class Hosts:
             if self.net.delay_method is not None and delay_ms:
                 h.delay(delay_ms)
         if delay_ms and self.net.delay_method is None:
+            missing("delay: unavailable (kernel lacks sch_netem and NFQUEUE)")  # outside CI: skip, not run undelayed
             applied["delay_ms"] = 0
             applied["delay"] = "unavailable (kernel lacks sch_netem and NFQUEUE)"
         print("HOSTS impairments:", json.dumps(applied, sort_keys=True))
@@ -63,10 +75,7 @@ class Hosts:
 def hosts(tmp_path_factory):
     why = netns.unavailable()
     if why is not None:
-        msg = f"network namespaces unavailable for the simulated hosts: {why}"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
+        missing(f"network namespaces unavailable for the simulated hosts: {why}")
     net = netns.Network()
     try:
         for name in HOSTS:
@@ -74,10 +83,7 @@ def hosts(tmp_path_factory):
         try:
             bootstrap = net.hosts["kafka"].start_kafka(tmp_path_factory.mktemp("hosts-kafka"), KAFKA_PORT)
         except RuntimeError as e:
-            msg = f"no Kafka broker on the simulated host: {e}"
-            if os.environ.get("CI", "").lower() == "true":
-                pytest.fail(msg)
-            pytest.skip(msg)
+            missing(f"no Kafka broker on the simulated host: {e}")
         yield Hosts(net, bootstrap)
     finally:
         with contextlib.suppress(Exception):

@@ -13,6 +13,7 @@ import pytest
 
 from testbed import netns
 from testbed.wait import wait_for
+from tests.hosts.conftest import missing
 
 ECHO = """
 import socket
@@ -50,7 +51,7 @@ def _ms(address: str, timeout: float = 3.0) -> float:
 def net():
     why = netns.unavailable()
     if why is not None:
-        pytest.skip(f"network namespaces unavailable: {why}")
+        missing(f"network namespaces unavailable: {why}")  # under CI=true a failure
     n = netns.Network()
     yield n
     n.close()
@@ -111,7 +112,7 @@ def test_loss_drops_frames(net):
 
 def test_delay_holds_each_packet(net):
     if net.delay_method is None:
-        pytest.skip("delay: unavailable (kernel lacks sch_netem and NFQUEUE)")
+        missing("delay: unavailable (kernel lacks sch_netem and NFQUEUE)")
     b = net.add("b")
     _echo(b)
     _ms(b.address)
@@ -126,8 +127,9 @@ def test_delay_holds_each_packet(net):
 
 
 def test_close_removes_everything_and_stale_namespaces_are_reaped():
-    if netns.unavailable() is not None:
-        pytest.skip("network namespaces unavailable")
+    why = netns.unavailable()
+    if why is not None:
+        missing(f"network namespaces unavailable: {why}")
     n = netns.Network()
     h = n.add("a")
     _echo(h)

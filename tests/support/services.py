@@ -9,7 +9,7 @@ for a missing broker, Redis or Java fails (a pytest plugin, loaded by ``tests/co
 * ``KAFKA_BROKERS`` is removed from the environment at the start: a role a test starts without
   naming a broker must not reach a developer's own (``tests/conftest.py`` says which the tests use).
 * ``CI=true``: a skip whose reason names a missing service (``MISSING_SERVICE``: a broker,
-  Redis, Java, the S3 server moto) is reported as
+  Redis, Java, the S3 server moto, network namespaces) is reported as
   a failure, whichever fixture or helper raised it.
 """
 
@@ -22,7 +22,8 @@ import pytest
 
 KAFKA_FIXTURES = frozenset({"kafka_bootstrap", "suite_kafka", "rl_kafka", "rl_topics", "private_kafka"})
 REDIS_FIXTURES = frozenset({"redis_server_url", "redis_url", "redis_prefix"})
-MISSING_SERVICE = re.compile(r"kafka|broker|redis|java|javac|mvn|maven|jars|moto|s3fs", re.IGNORECASE)
+MISSING_SERVICE = re.compile(r"kafka|broker|redis|java|javac|mvn|maven|jars|moto|s3fs|network namespace",
+                             re.IGNORECASE)
 
 
 def pytest_configure(config) -> None:
