@@ -26,7 +26,7 @@ while True:
 PING = """
 import socket, sys, time
 t = time.monotonic()
-c = socket.create_connection((sys.argv[1], 7000), timeout=3); c.sendall(b"x"); c.recv(16); c.close()
+c = socket.create_connection((sys.argv[1], 7000), timeout=3); c.sendall(b"x"); assert c.recv(16) == b"x"; c.close()
 print((time.monotonic() - t) * 1000)
 """
 
@@ -39,11 +39,13 @@ for _ in range(50):
 
 
 def _ms(address: str, timeout: float = 3.0) -> float:
-    """Connect, send a byte, read it back: milliseconds (two round trips)."""
+    """Connect, send a byte, read it back: milliseconds (two round trips). An ``OSError`` if the
+    host does not answer within ``timeout``: reaching it is the check, never how fast (a loaded
+    machine may take any time)."""
     t = time.monotonic()
     with socket.create_connection((address, 7000), timeout=timeout) as c:
         c.sendall(b"x")
-        c.recv(16)
+        assert c.recv(16) == b"x"
     return (time.monotonic() - t) * 1000
 
 
@@ -69,9 +71,8 @@ def test_hosts_reach_each_other_partition_and_heal(net):
     assert a.address != b.address
     assert {netns.ipaddress.ip_address(x) in net.subnet for x in (a.address, b.address)} == {True}
     _echo(b)
-    assert _ms(b.address) < 1000
-    out = a.run(sys.executable, "-c", PING, b.address)  # host to host, across the switch
-    assert float(out) < 1000
+    _ms(b.address)  # answers
+    a.run(sys.executable, "-c", PING, b.address)  # host to host, across the switch (raises if not)
     b.partition()
     with pytest.raises(OSError):
         _ms(b.address, timeout=1.0)
@@ -86,7 +87,7 @@ def test_hosts_reach_each_other_partition_and_heal(net):
             rx.recv(16)
     dropped = b.heal()
     assert dropped > 0
-    assert _ms(b.address) < 1000
+    _ms(b.address)  # answers again
     assert b.dropped()["partition"] == dropped
 
 

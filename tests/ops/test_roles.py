@@ -16,6 +16,7 @@ from config import BusConfig, TrainConfig
 from runtime.roles import (OverlapTimes, Role, RoundWatchdog, Slot, clear_summaries, drive, drive_overlapped,
                            read_summaries, summary_path, write_summary)
 from streams.worker import PrepareWorker
+from testbed.wait import wait_for
 
 
 class Counter:
@@ -103,22 +104,42 @@ class Blocking(Counter):
         return super().step(timeout)
 
 
+class Looks(threading.Event):
+    """The watchdog's stop event, recording when its watcher woke to look (``wait`` returned)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        stopped = super().wait(timeout)
+        self.at.append(time.monotonic())
+        return stopped
+
+
 def test_a_round_that_blocks_is_logged_with_where_it_is_blocked(caplog):
     role = Blocking()
-    with caplog.at_level("WARNING", logger="runtime.roles"), RoundWatchdog([Slot(role)], warn_s=0.2) as watch:
+    watch = RoundWatchdog([Slot(role)], warn_s=0.2)
+    watch._closed = looks = Looks()
+    with caplog.at_level("WARNING", logger="runtime.roles"), watch:
         watch.begin()
-        timer = threading.Timer(0.9, role.release.set)
-        timer.start()
+        # released once it has warned twice: repeated while it stays blocked, not once
+        releaser = threading.Thread(target=lambda: (wait_for(lambda: watch.warnings >= 2, 60, "a second warning"),
+                                                    role.release.set()))
+        releaser.start()
         role.step()
         watch.end()
-        timer.join()
+        releaser.join()
         blocked = watch.warnings
-        assert blocked >= 2  # repeated while it stays blocked, not once
+        assert blocked >= 2
         for _ in range(5):  # fast rounds after it: nothing more
             watch.begin()
             role.step()
             watch.end()
-        time.sleep(0.5)
+        idle_from = time.monotonic()
+        # the watcher has looked after the last round began more than twice warn_s ago: a
+        # warning it should not give would have been given by then
+        wait_for(lambda: any(t > idle_from + 2 * watch.warn_s for t in looks.at), 60, "the watchdog to look again")
         assert watch.warnings == blocked
     lines = [r.getMessage() for r in caplog.records if r.name == "runtime.roles"]
     assert len(lines) == blocked
