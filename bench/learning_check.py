@@ -10,6 +10,7 @@ with ``"pass": true|false`` and exits 1 when the mean falls below the band, so a
     nice -n 5 python bench/learning_check.py                 # 3 seeds x 150k, ~10 min on 2 cores
     python bench/learning_check.py --runs runs/a runs/b ...  # judge finished runs, no training
     python bench/learning_check.py --record --seeds 1 2 3 4 5 --note "main abc1234"  # new reference
+    python bench/learning_check.py --steps 300000 --compile-update false --out runs/lc-eager  # eager update
 
 The band: single seeds of HalfCheetah scatter by a few hundred, so the check compares means.
 With ``n`` checked seeds and the reference's ``n_ref`` seeds (mean ``m``, std ``s``), the
@@ -100,13 +101,16 @@ def judge(returns: dict[str, float], reference: dict, steps: int, env: str, algo
     return out
 
 
-def run_seed(seed: int, steps: int, env: str, algo: str, out: Path) -> float:
-    """Train one seed co-located with one torch thread; its ``return_mean20``."""
+def run_seed(seed: int, steps: int, env: str, algo: str, out: Path, compile_update: str = "auto") -> float:
+    """Train one seed co-located with one torch thread; its ``return_mean20``. ``compile_update``:
+    auto (the run's own rule), true (the captured update) or false (eager)."""
     run_dir = out / f"{algo}-{env}-{steps}-seed{seed}"
     cmd = [sys.executable, "-m", "rlstream.cli", "train", "--mode", "colocated", "--algo", algo, "--env", env,
            "--total-steps", str(steps), "--seed", str(seed), "--torch-threads", "1", "--run-dir", str(run_dir),
            "--preset", "none",  # the algorithm's row, as the reference band was recorded
            "--metrics-port", "-1", "--no-plot", "--tensorboard", "off", "--log-every", "60"]
+    if compile_update != "auto":
+        cmd += ["--compile-update", "True" if compile_update == "true" else "False"]
     env_vars = Environment.read().child({"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     log = out / f"{run_dir.name}.log"
     with open(log, "w") as f:
@@ -132,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     ap.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
     ap.add_argument("--jobs", type=int, default=2, help="trainings at a time")
+    ap.add_argument("--compile-update", choices=["auto", "true", "false"], default="auto",
+                    help="the update path trained: auto (the run's rule), true (captured) or false (eager)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "learning-check")
     ap.add_argument("--runs", type=Path, nargs="+", help="judge these finished run directories instead of training")
     ap.add_argument("--reference", type=Path, help="default: bench/results/learning_check_<algo>_<env>.json")
@@ -153,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         args.out.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            futs = {s: pool.submit(run_seed, s, args.steps, args.env, args.algo, args.out) for s in args.seeds}
+            futs = {s: pool.submit(run_seed, s, args.steps, args.env, args.algo, args.out,
+                                          args.compile_update) for s in args.seeds}
             returns = {str(s): f.result() for s, f in futs.items()}
     if args.record:
         vals = list(returns.values())

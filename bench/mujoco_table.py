@@ -22,6 +22,15 @@ preset); its results sit beside PPO's in the same ``--out``, one row per (task, 
     python bench/mujoco_table.py --envs Hopper-v5 Walker2d-v5 Ant-v5 Humanoid-v5 --seeds 0 1 2
     python bench/mujoco_table.py --algo agro --envs HalfCheetah-v5 --seeds 0 1 2
     python bench/mujoco_table.py --render runs/bench-mujoco
+
+``--append FILE --section NAME`` merges the runs of ``--out`` into section NAME of a results file
+(``bench/results/mujoco_ppo_1M.json``: ``cleanrl_settings``, ``zoo_preset``, or a new section for a
+trial preset), keeping the runs it already holds (a run of the same task, preset and seed is
+replaced), recomputes that section's rows, and rewrites the file's ``.md`` beside it with every
+section: mean ± sample std (n - 1), the 95 % t-interval of the mean, per-seed values and wall time.
+
+    python bench/mujoco_table.py --envs Hopper-v5 --seeds 3 4 --preset none --jobs 2 --out runs/mj-cleanrl \
+        --append bench/results/mujoco_ppo_1M.json --section cleanrl_settings
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -58,10 +69,24 @@ def _one(job: tuple[str, str, int, int, str, int, str]) -> dict:
     from config import TrainConfig
 
     path = _result_file(Path(out), algo, env_id, seed)
+    load_before = round(os.getloadavg()[0], 2)
     result = train_one(algo, env_id, steps, seed, path.parent, episodes, preset=preset)
     result.update(env=env_id, preset=TrainConfig(algo=algo, env_id=env_id, preset=preset).preset_name())
+    learner = path.parent / f"{algo}-seed{seed}" / "learner.summary.json"
+    if learner.exists():  # which update path ran (captured or eager), and its compile time
+        result["capture"] = json.loads(learner.read_text()).get("capture")
+    result["loadavg_1m"] = {"start": load_before, "end": round(os.getloadavg()[0], 2)}
+    result["commit"] = _commit()
     write_json(path, result)
     return result
+
+
+def _commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
+                              capture_output=True, text=True, check=True).stdout.strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def _result_file(out: Path, algo: str, env_id: str, seed: int) -> Path:
@@ -96,6 +121,94 @@ def render(runs: list[dict], steps: int) -> tuple[list[dict], str]:
                      f"| {_ref(CLEANRL_PPO, family)} | {_ref(ZOO_PPO, family)} | {row['wall_s']['mean']:.0f} "
                      f"| {row['sps']['mean']:.0f} |")
     return rows, "\n".join(lines)
+
+
+#: two-sided 95 % Student t quantiles by degrees of freedom (n - 1)
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def seed_stats(xs: list[float]) -> dict:
+    """Mean, sample std (n - 1), the 95 % t-interval of the mean and the values, over seeds."""
+    xs = [float(x) for x in xs]
+    m = statistics.fmean(xs)
+    if len(xs) < 2:
+        return {"mean": round(m, 1), "std": None, "ci95": None, "n": len(xs), "values": [round(x, 1) for x in xs]}
+    sd = statistics.stdev(xs)
+    half = _T95.get(len(xs) - 1, 1.96) * sd / len(xs) ** 0.5
+    return {"mean": round(m, 1), "std": round(sd, 1), "ci95": [round(m - half, 1), round(m + half, 1)],
+            "n": len(xs), "values": [round(x, 1) for x in xs]}
+
+
+def _key(r: dict) -> tuple:
+    return (r["env"], r.get("algo", "ppo"), r.get("preset"), r["seed"])
+
+
+def section_rows(runs: list[dict]) -> list[dict]:
+    """One row per (task, algorithm, preset) of a section's runs, seeds in order."""
+    rows = []
+    for env_id, algo, preset in dict.fromkeys(_key(r)[:3] for r in runs):
+        rs = sorted((r for r in runs if _key(r)[:3] == (env_id, algo, preset)), key=lambda r: r["seed"])
+        family = env_id.rpartition("-")[0]
+        rows.append({"env": env_id, "algo": algo, "preset": preset, "seeds": [r["seed"] for r in rs],
+                     "eval": seed_stats([r["eval"] for r in rs]),
+                     "train_last20": seed_stats([r["train_last20"] for r in rs]),
+                     "wall_s": seed_stats([r["wall_s"] for r in rs]),
+                     "cleanrl": CLEANRL_PPO.get(family), "zoo": ZOO_PPO.get(family)})
+    return rows
+
+
+def append(results: Path, section: str, runs: list[dict], note: str = "") -> dict:
+    """Merge ``runs`` into ``section`` of the results file (same task, algorithm, preset and seed:
+    replaced), recompute its rows, write it and its ``.md``; the document."""
+    doc = json.loads(results.read_text())
+    sec = doc.setdefault(section, {"runs": []})
+    new = {_key(r): r for r in runs}
+    sec["runs"] = [r for r in sec.get("runs", []) if _key(r) not in new] + list(new.values())
+    sec["rows"] = section_rows(sec["runs"])
+    if note:
+        sec.setdefault("notes", []).append(note)
+    write_json(results, doc)
+    results.with_suffix(".md").write_text(render_results(doc, results.parent) + "\n")
+    return doc
+
+
+def _pm(st: dict) -> str:
+    if st["std"] is None:
+        return f"{st['mean']:,.0f}"
+    return f"{st['mean']:,.0f} ± {st['std']:,.0f} [{st['ci95'][0]:,.0f}, {st['ci95'][1]:,.0f}]"
+
+
+def render_results(doc: dict, results_dir: Path) -> str:
+    """The MuJoCo PPO table of a results file (every section with runs, and HalfCheetah's two rows
+    from the files its ``halfcheetah`` entries name): mean ± sample std [95 % interval], per seed."""
+    runs = [dict(r, section=name) for name, sec in doc.items() if isinstance(sec, dict)
+            for r in sec.get("runs", [])]
+    for name, fname in (("cleanrl_settings", "ppo_halfcheetah_1M_3seeds.json"),
+                        ("zoo_preset", "mujoco_ppo_halfcheetah_zoo_1M.json")):
+        f = results_dir / fname
+        if f.exists() and not any(r["env"] == "HalfCheetah-v5" and r["section"] == name for r in runs):
+            for r in json.loads(f.read_text())["runs"]:
+                runs.append(dict(r, env="HalfCheetah-v5", section=name, preset=r.get("preset")))
+    order = ["HalfCheetah", "Hopper", "Walker2d", "Ant", "Humanoid"]
+    lines = ["| task (v5) | preset | seeds | train return (last 20) | eval return (deterministic) "
+             "| train per seed | eval per seed | CleanRL PPO @1M (v4, train) | zoo PPO @1M (v3, eval) | wall s / run |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    groups = dict.fromkeys((r["env"], r["section"], r.get("preset")) for r in runs)
+    for env_id, section, preset in sorted(groups, key=lambda g: (order.index(g[0].rpartition("-")[0])
+                                                                  if g[0].rpartition("-")[0] in order else 99,
+                                                                  g[1] != "cleanrl_settings", g[1])):
+        rs = sorted((r for r in runs if (r["env"], r["section"], r.get("preset")) == (env_id, section, preset)),
+                    key=lambda r: r["seed"])
+        family = env_id.rpartition("-")[0]
+        name = preset or ("cleanrl" if section == "cleanrl_settings" else section)
+        if section not in ("cleanrl_settings", "zoo_preset"):
+            name = f"{name} ({section})"
+        tr, ev = seed_stats([r["train_last20"] for r in rs]), seed_stats([r["eval"] for r in rs])
+        lines.append(f"| {family} | {name} | {', '.join(str(r['seed']) for r in rs)} | {_pm(tr)} | {_pm(ev)} "
+                     f"| {', '.join(f'{v:,.0f}' for v in tr['values'])} | {', '.join(f'{v:,.0f}' for v in ev['values'])} "
+                     f"| {_ref(CLEANRL_PPO, family)} | {_ref(ZOO_PPO, family)} "
+                     f"| {statistics.fmean(r['wall_s'] for r in rs):,.0f} |")
+    return "\n".join(lines)
 
 
 def plot(runs: list[dict], out: Path, steps: int, path: Path) -> None:
@@ -136,6 +249,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/bench-mujoco"))
     ap.add_argument("--render", action="store_true", help="only rebuild the table and plot from --out")
     ap.add_argument("--name", default=None, help="write <name>.json/.md/.png beside the runs (default: table)")
+    ap.add_argument("--append", type=Path, default=None, help="merge the runs of --out into this results file "
+                    "(module doc) and rewrite its .md")
+    ap.add_argument("--section", default="cleanrl_settings", help="with --append: the section of the file")
+    ap.add_argument("--note", default="", help="with --append: a note kept in the section (machine, load)")
     a = ap.parse_args()
     out = a.out.resolve()
     t0 = time.perf_counter()
@@ -158,6 +275,9 @@ def main() -> None:
     plot(runs, out, a.steps, out / f"{name}.png")
     print(md)
     print(json.dumps({"rows": rows}))
+    if a.append:
+        doc = append(a.append.resolve(), a.section, runs, a.note)
+        print(render_results(doc, a.append.resolve().parent))
 
 
 if __name__ == "__main__":
