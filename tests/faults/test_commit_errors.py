@@ -1,4 +1,4 @@
-"""``KafkaConsumer.commit``'s error paths on a real broker (``streams/bus/kafka.py``).
+"""``KafkaConsumer.commit``'s error paths on a real broker (``streams/bus/kafka/consumer.py``).
 
 * fenced: a member the group timed out during a rebalance commits; the group refuses it, the
   commit is dropped and counted (``commit_failures``), and the records are redelivered to the
@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-import streams.bus.kafka as kafka_mod
+import streams.bus.kafka.consumer as kafka_consumer
 from streams.bus.kafka import KafkaBus
 from streams.topics import TopicSpec
 from tests.support import wait_for
@@ -68,7 +68,7 @@ def test_a_fenced_commit_is_dropped_counted_and_redelivered(private_kafka, caplo
 
 
 def test_a_commit_without_a_coordinator_is_retried_then_given_up(private_kafka, monkeypatch, caplog):
-    monkeypatch.setattr(kafka_mod, "COMMIT_RETRY_S", 3.0)
+    monkeypatch.setattr(kafka_consumer, "COMMIT_RETRY_S", 3.0)
     with KafkaBus(private_kafka.bootstrap, client_id="member-a", consumer_config=FAST) as bus:
         _fill(bus)
         c = bus.consumer(GROUP, [TOPIC])
@@ -92,7 +92,7 @@ def test_a_commit_rides_out_a_broker_restart(private_kafka, monkeypatch):
     coordinator: the first test's path). librdkafka may hold a commit sent just as the broker
     went away until the coordinator is back, or answer ``_WAIT_COORD`` (which ``commit`` retries): either
     way the commit blocks, then lands, and nothing is counted."""
-    monkeypatch.setattr(kafka_mod, "COMMIT_RETRY_S", 150.0)
+    monkeypatch.setattr(kafka_consumer, "COMMIT_RETRY_S", 150.0)
     long_session = {"session.timeout.ms": 120_000, "heartbeat.interval.ms": 1000, "max.poll.interval.ms": 300_000}
     with KafkaBus(private_kafka.bootstrap, client_id="member-a", consumer_config=long_session) as bus:
         _fill(bus)
@@ -129,7 +129,7 @@ def test_a_commit_to_a_broker_that_does_not_answer_returns_by_its_deadline(priva
     import os
     import signal
 
-    monkeypatch.setattr(kafka_mod, "COMMIT_RETRY_S", 3.0)
+    monkeypatch.setattr(kafka_consumer, "COMMIT_RETRY_S", 3.0)
     with KafkaBus(private_kafka.bootstrap, client_id="member-a") as bus:
         _fill(bus)
         c = bus.consumer(GROUP, [TOPIC])

@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-import streams.bus.kafka as kafka_mod
+import streams.bus.kafka.producer as kafka_producer
 from streams.bus.base import BusError
-from streams.bus.kafka import ERRORS, KafkaBus
+from streams.bus.kafka import KafkaBus
+from streams.bus.kafka.errors import ERRORS
 from streams.topics import TopicSpec
 
 from .conftest import wait_for
@@ -22,7 +23,7 @@ TOPIC = "t-flush-deadline"
 
 
 def test_a_flush_in_an_outage_gives_up_by_its_deadline_and_says_so_meanwhile(private_kafka, monkeypatch, caplog):
-    monkeypatch.setattr(kafka_mod, "LOG_INTERVAL_S", 1.0)
+    monkeypatch.setattr(kafka_producer, "LOG_INTERVAL_S", 1.0)
     # not closed at the end: its queued record can never be delivered (the broker stays down)
     bus = KafkaBus(private_kafka.bootstrap, client_id="flush-deadline", outage_wait=4.0)
     bus.create_topics([TopicSpec(TOPIC, key="test", partitions=1)])

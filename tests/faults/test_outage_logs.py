@@ -1,5 +1,5 @@
 """A broker outage under a running producer and consumer logs a bounded number of lines: one
-per error kind per interval with a count (``streams.bus.kafka.ErrorLog``), and one line when
+per error kind per interval with a count (``streams.bus.kafka.errors.ErrorLog``), and one line when
 the connection recovers. A flush started during the outage waits for the broker past its own
 timeout (``KafkaBus.outage_wait``) and delivers."""
 
@@ -15,7 +15,9 @@ from collections import Counter
 import pytest
 
 from streams.bus.base import BusError
-from streams.bus.kafka import ERRORS, LOG_INTERVAL_S, OUTAGE_WAIT_S, KafkaBus
+from streams.bus.kafka import KafkaBus
+from streams.bus.kafka.clients import OUTAGE_WAIT_S
+from streams.bus.kafka.errors import ERRORS, LOG_INTERVAL_S
 from streams.topics import TopicSpec
 
 from .conftest import FAST_CONSUMER, wait_for

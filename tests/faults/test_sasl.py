@@ -37,7 +37,8 @@ def sasl_env(monkeypatch, user: str, password: str) -> None:
 
 def test_sasl_round_trip_and_a_clear_error_for_wrong_credentials(private_kafka, monkeypatch):
     from streams.bus.kafka import KafkaBus
-    from streams.faust_app import StreamsSettings, aiokafka_security, faust_credentials
+    from streams.faust_app.clients import aiokafka_security, faust_credentials
+    from streams.settings import StreamsSettings
 
     topic = f"sasl-{uuid.uuid4().hex[:8]}"
     # -- the right password: everything the roles do goes through the SASL listener

@@ -70,7 +70,7 @@ def test_sasl_settings_reach_the_faust_app_and_its_policy_reader(sasl_env):
 
     from config import Environment
     from rlstream.wiring import build_faust_app
-    from streams.faust_app import aiokafka_security
+    from streams.faust_app.clients import aiokafka_security
     from streams.settings import StreamsSettings
 
     settings = StreamsSettings.from_environment(Environment.read())
@@ -92,7 +92,7 @@ def test_sasl_ssl_carries_the_ca_to_both_clients(sasl_env, monkeypatch):
 
     from config import BusConfig, Environment
     from rlstream.wiring import kafka_bus
-    from streams.faust_app import aiokafka_security, faust_credentials
+    from streams.faust_app.clients import aiokafka_security, faust_credentials
     from streams.settings import StreamsSettings
 
     monkeypatch.setenv("RLSTREAM_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")

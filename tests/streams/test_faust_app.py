@@ -193,7 +193,7 @@ def test_settings_and_credentials():
 
 
 def test_policy_reader_gets_the_same_security_settings():
-    from streams.faust_app import aiokafka_security
+    from streams.faust_app.clients import aiokafka_security
 
     assert aiokafka_security({}) == {}
     sasl = aiokafka_security({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",

@@ -10,7 +10,8 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from streams.bus.base import BusError
-from streams.bus.kafka import KafkaBus, is_retriable, retrying
+from streams.bus.kafka import KafkaBus
+from streams.bus.kafka.errors import is_retriable, retrying
 from streams.topics import TopicSpec
 
 

@@ -53,7 +53,8 @@ def test_a_run_config_file_carries_it_to_every_child(tmp_path):
 
 def test_the_faust_app_replicates_its_topics_acks_all_and_refreshes_metadata_often():
     """From the worker's environment to the Faust app's settings (nothing touches a broker)."""
-    from streams.faust_app import METADATA_MAX_AGE_MS, StreamsApp
+    from streams.faust_app import StreamsApp
+    from streams.faust_app.clients import METADATA_MAX_AGE_MS
     from streams.processors.pipeline import Prepare
     from streams.topics import SAMPLES_PREPARED
 
@@ -77,7 +78,7 @@ def test_the_faust_app_replicates_its_topics_acks_all_and_refreshes_metadata_oft
     assert "min.insync.replicas" not in plain.topics[SAMPLES_PREPARED].config
     assert plain.app.conf.producer_acks == -1
     # one copy (a single broker, where no leader can move): aiokafka's default age is kept; a 15 s
-    # age made tests/faults/test_broker_crash.py fail there (see streams.faust_app.METADATA_MAX_AGE_MS)
+    # age made tests/faults/test_broker_crash.py fail there (see streams.faust_app.clients.METADATA_MAX_AGE_MS)
     assert plain.app.conf.consumer_metadata_max_age_ms == 300_000
 
 
@@ -112,7 +113,7 @@ def test_replicated_clients_try_a_lost_leader_again_within_a_second():
 
 
 def test_producers_stay_idempotent_at_acks_all():
-    from streams.bus.kafka import PRODUCER_DEFAULTS
+    from streams.bus.kafka.clients import PRODUCER_DEFAULTS
 
     assert PRODUCER_DEFAULTS["acks"] == "all" and PRODUCER_DEFAULTS["enable.idempotence"] is True
 

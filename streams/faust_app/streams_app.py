@@ -1,70 +1,31 @@
-"""Faust shell of the prepare pipeline: ``faust -A streams worker -l info``.
-
-The same ``Prepare`` (reorder -> staleness -> importance) as the in-process ``PrepareWorker``,
-driven by Faust over Kafka:
-
-* task ``follow-policies`` reads ``rl.policy.versions`` with a group-less aiokafka consumer
-  (every worker sees every version: the staleness window and the IS weights need the newest
-  one everywhere) starting ``max_versions + 1`` records back from the end of each partition
-  (what the staleness window needs; a start does not replay the whole history), and feeds
-  ``prepare.on_policy`` -- only versions of ``prepare.policy_id`` count. Until it has read up
-  to the end offsets it found on start (at most ``policy_catchup_s``), ``prepare-samples``
-  waits, so no batch is judged against a policy older than the newest published. Weights are
-  decoded lazily, only for the version a batch needs; claim-checked ones are fetched from the
-  Redis store ``REDIS_URL`` names (``streams.policies.open_blob_store``).
-* agent ``prepare-samples`` on ``rl.samples.raw`` pushes each record through ``Prepare`` and
-  sends PreparedBatch bytes to ``rl.samples.prepared`` (key actor_id) and DeadLetter bytes to
-  ``rl.deadletter``, all encoded with ``schemas.codec``. Acks are manual: a record is acked
-  once its output is delivered, so a batch held by the reorder buffer keeps the committed
-  offset behind it (at least once; a crash redelivers it).
-* timer ``reorder-tick`` releases batches whose reorder gap timed out.
-* ``/metrics`` on the worker's web port (``RLSTREAM_METRICS_PORT``, default 9102) serves the
-  processor metrics (``runtime.metrics.Metrics``, role ``streams``); ``/healthz`` the
-  processor stats. On shutdown the stats are written to stdout as one ``{"summary": ...}`` line
-  (``rlstream train --mode decoupled`` collects it).
-* offsets of ``rl.samples.raw`` are committed every ``commit_interval_s`` (0.5 s), so the
-  group's backlog there (``Bus.group_lag``), which actors' backpressure and the learner's
-  circuit breaker watch, is current.
-
-Exceptions while handling one record dead-letter it (``processor_error``); the agent goes on.
-A bad record of rl.policy.versions is skipped and counted instead (``skipped``,
-``rlstream_skipped_total``): the learner owns its dead letter (``streams.topics.DEAD_LETTER_OWNERS``).
-Settings are ``streams.settings.StreamsSettings`` (from the run config ``RLSTREAM_CONFIG`` names,
-or the environment), made once at the entry point; the app is assembled by
-``rlstream.wiring.build_faust_app`` (processors, claim-check store, codec that resolves schemas
-added after start, metrics). Importing this module builds nothing: ``faust -A streams worker``
-reaches the app through ``streams.app``, which asks the composition root for it.
-
-Several workers share ``rl.samples.raw`` by partition (the consumer group) and each follows
-every PolicyVersion. Per-actor reorder/dedup state lives in the Faust table ``actor-state``
-(``TableState``; its changelog has as many partitions as rl.samples.raw), so a rebalance moves
-it with the partition; buffered batches are redelivered, uncommitted, to the new owner. The
-record-level rules (decode, dead-letter, hold, emit) are ``streams.shell.ShellCore``'s.
-
-On a replicated cluster the app follows the run's ``Replication`` setting
-(``RLSTREAM_REPLICATION_FACTOR``, ``RLSTREAM_MIN_INSYNC_REPLICAS``; ``replication_settings``): its
-changelogs and declared topics get that many copies and ``min.insync.replicas``, its producer
-writes with ``acks=all``, and (factor above 1) its clients refresh metadata every ``METADATA_MAX_AGE_MS``.
-"""
+"""``StreamsApp``: the Faust app of the prepare pipeline, its agents, timers and pages around one
+``Prepare`` (the package docstring says what each does), its policy reader, and the delivery of
+what the shell core sends, acked in offset order."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-import ssl
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 import faust
 
-from config.bus import Replication
 from config.limits import MAX_MESSAGE_BYTES
 from schemas.codec import Codec
 from streams.bus.base import Record
 from streams.events import DeadLetters, EventBus
+from streams.faust_app.clients import (
+    METADATA_MAX_AGE_MS,
+    aiokafka_security,
+    broker_urls,
+    faust_credentials,
+    replication_settings,
+)
+from streams.faust_app.table import TableState, raw_partitions_of
 from streams.policies import PolicyFollower, StartRule
 from streams.processors.pipeline import Prepare
 from streams.settings import StreamsSettings
@@ -75,12 +36,11 @@ from streams.topics import (
     POLICY_VERSIONS,
     SAMPLES_PREPARED,
     SAMPLES_RAW,
-    STREAMS_GROUP,
     TOPICS,
     Namespace,
 )
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("streams.faust_app")  # the whole Faust shell logs under one name
 
 STAGE = "streams.faust"
 
@@ -90,77 +50,6 @@ SendFn = Callable[[str, bytes | None, bytes, dict[str, bytes]], Awaitable[Any]]
 #: (``rlstream.wiring.build_prepare``: the one place the processors are assembled).
 PrepareFactory = Callable[[MutableMapping], Prepare]
 
-
-# --- Kafka client settings ---------------------------------------------------------------
-
-#: How often the worker's Kafka clients refresh the cluster's metadata (ms) on a replicated
-#: cluster. aiokafka's default (5 minutes) kept table recovery waiting on a leader that had moved
-#: away after a controlled broker shutdown; errors refresh it sooner, an idle fetch from a stopped
-#: leader does not. Nor does a fetch from a SIGKILLed one: aiokafka's fetcher only backs off and
-#: tries the dead leader again, so the worker read nothing until this age ran out (15 s: the
-#: samples leader's SIGKILL stalled training ~25 s; 3 s: the worker's fetch errors stop ~4 s after
-#: the kill). Only where leaders can move (a replication factor above 1): on a single
-#: broker the 15 s age made ``tests/faults/test_broker_crash.py`` fail (the learner stopped
-#: logging while the broker was down; not understood yet), so one broker keeps aiokafka's default.
-METADATA_MAX_AGE_MS = 3_000
-
-
-def replication_settings(replication: Replication) -> dict[str, Any]:
-    """Faust settings for a replicated cluster: the run's replication factor for the topics Faust
-    creates (changelogs, repartition topics; ``topic_replication_factor``), its producer at
-    ``acks=all`` (-1), and, with more than one copy, a bounded metadata age for the consumer and
-    the producer."""
-    out: dict[str, Any] = {"producer_acks": -1}
-    if replication.factor is not None:
-        out["topic_replication_factor"] = replication.factor
-    if replication.replicated:
-        out["consumer_metadata_max_age_ms"] = out["producer_metadata_max_age_ms"] = METADATA_MAX_AGE_MS
-    return out
-
-
-def broker_urls(brokers: str) -> list[str]:
-    hosts = [h.strip() for h in brokers.split(",") if h.strip()]
-    if not hosts:
-        raise ValueError("no Kafka brokers given")
-    return [h if "://" in h else f"kafka://{h}" for h in hosts]
-
-
-def faust_credentials(conf: Mapping[str, str]) -> Any:
-    """librdkafka security settings -> Faust broker_credentials (None for plaintext)."""
-    protocol = conf.get("security.protocol", "PLAINTEXT").upper()
-    if protocol == "PLAINTEXT":
-        return None
-    ctx = None
-    if protocol in ("SSL", "SASL_SSL"):
-        ctx = ssl.create_default_context(cafile=conf.get("ssl.ca.location") or None)
-        if conf.get("ssl.certificate.location"):
-            ctx.load_cert_chain(conf["ssl.certificate.location"], conf.get("ssl.key.location") or None,
-                                conf.get("ssl.key.password") or None)
-        if conf.get("ssl.endpoint.identification.algorithm", "https").lower() == "none":
-            ctx.check_hostname = False
-    if protocol == "SSL":
-        return faust.SSLCredentials(ctx)
-    if protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
-        mech = conf.get("sasl.mechanism", conf.get("sasl.mechanisms", "PLAIN")).upper()
-        return faust.SASLCredentials(username=conf.get("sasl.username"), password=conf.get("sasl.password"),
-                                     ssl_context=ctx, mechanism=mech)
-    raise ValueError(f"unsupported security.protocol {protocol!r}")
-
-
-def aiokafka_security(conf: Mapping[str, str]) -> dict[str, Any]:
-    """librdkafka security settings -> aiokafka client arguments (the policy reader's)."""
-    creds = faust_credentials(conf)
-    if creds is None:
-        return {}
-    if isinstance(creds, faust.SSLCredentials):
-        return {"security_protocol": "SSL", "ssl_context": creds.context}
-    protocol = conf.get("security.protocol", "").upper()
-    return {"security_protocol": protocol, "ssl_context": creds.ssl_context,
-            "sasl_mechanism": creds.mechanism.value if hasattr(creds.mechanism, "value") else str(creds.mechanism),
-            "sasl_plain_username": creds.username, "sasl_plain_password": creds.password}
-
-
-# --- the app --------------------------------------------------------------------------------
 
 def _headers(h: Any) -> dict[str, bytes]:
     if not h:
@@ -179,63 +68,6 @@ def as_record(msg: Any, namespace: Namespace = LEGACY) -> Record:
     value = msg.value if isinstance(msg.value, (bytes, bytearray)) else repr(msg.value).encode()
     return Record(namespace.logical(str(msg.topic)), int(msg.partition), int(msg.offset), key, bytes(value),
                   _headers(msg.headers))
-
-
-def raw_partitions_of(settings: StreamsSettings, timeout: float = 5.0) -> int:
-    """Partitions of the namespace's rl.samples.raw on the broker; ``topic_partitions`` (what
-    Faust creates it with) when it does not exist or the broker does not answer in time."""
-    try:
-        from confluent_kafka.admin import AdminClient
-
-        # quiet: a broker that is down is this fallback's expected case, said once below
-        admin = AdminClient({"bootstrap.servers": settings.brokers, **settings.client_config, "log_level": 0})
-        topic = settings.namespace.topic(SAMPLES_RAW)
-        meta = admin.list_topics(topic, timeout=timeout).topics.get(topic)
-        if meta is not None and meta.error is None and meta.partitions:
-            return len(meta.partitions)
-    except Exception as e:
-        log.warning("could not read the partitions of %s: %r", SAMPLES_RAW, e)
-    return settings.topic_partitions
-
-
-class TableState(MutableMapping):
-    """Per-actor state (``ReorderBuffer``'s ``state``) in a Faust Table: reads and writes the
-    table's local store, and queues each change as a changelog record of the actor's partition
-    (the value's ``"p"``); ``flush`` sends them. Writes need no stream context, so a timer's
-    reorder release can change state too. On a rebalance Faust restores the changelog of the
-    partitions a worker gains, so the state follows the actor."""
-
-    def __init__(self, table: Any) -> None:
-        self.table = table
-        self.pending: dict[str, tuple[int, dict | None]] = {}
-
-    def __getitem__(self, key: str) -> dict:
-        return self.table.data[key]
-
-    def __setitem__(self, key: str, value: dict) -> None:
-        self.table.data[key] = value
-        self.pending[key] = (int(value.get("p", -1)), value)
-
-    def __delitem__(self, key: str) -> None:
-        value = self.table.data.pop(key)
-        self.pending[key] = (int(value.get("p", -1)), None)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(list(self.table.data.keys()))
-
-    def __len__(self) -> int:
-        return len(self.table.data)
-
-    async def flush(self) -> None:
-        """Send the queued changes and wait until each is written; what fails stays queued."""
-        sent = dict(self.pending)
-        futs = [self.table.send_changelog(partition, key, value, value_serializer="raw" if value is None else None)
-                for key, (partition, value) in sent.items() if partition >= 0]  # None: a tombstone
-        for fut in futs:
-            await fut
-        for key, change in sent.items():
-            if self.pending.get(key) is change:
-                del self.pending[key]
 
 
 class StreamsApp:
@@ -646,6 +478,3 @@ class StreamsApp:
             for event in self.acks.done(handle):
                 event.ack()
         return len(sends)
-
-
-__all__ = ["StreamsApp", "StreamsSettings", "broker_urls", "faust_credentials"]
