@@ -46,7 +46,7 @@ from bench.common import host_info, policy_of_size  # noqa: E402
 from config import BusConfig  # noqa: E402
 from config.env import Environment  # noqa: E402
 from config.storage import ObjectStoreConfig  # noqa: E402
-from learner.snapshots import open_store  # noqa: E402
+from learner.snapshots.url import open_store  # noqa: E402
 from logtools.rollback import rollback  # noqa: E402
 from logtools.subscribe import PolicyFeed  # noqa: E402
 from rlstream.wiring import blob_store_of, build_bus, build_events  # noqa: E402

@@ -8,7 +8,7 @@ circuit breaker.
     while not stop.is_set():
         learner.step(timeout=0.1)   # poll; once train_batch_size transitions are in, one update on all of them
 
-Snapshots follow ``learner.snapshots.SnapshotSchedule``: every ``snapshot_every`` updates, and
+Snapshots follow ``learner.snapshots.schedule.SnapshotSchedule``: every ``snapshot_every`` updates, and
 a time-based one (daily by default, ``snapshot_interval_s``, on the injected ``clock``) that the
 store keeps by its own retention (``keep_timed``). A save that fails (store down or hung, disk full)
 never stops training: it is counted (``snapshot_failures``, ``on_snapshot_failure``: the metric),
@@ -66,14 +66,8 @@ from learner.core import (  # noqa: F401  (the learner's public names)
     LearnerStats,
 )
 from learner.provenance import record_digest, stamp
-from learner.snapshots import (
-    ResumeError,
-    SnapshotCorruptError,
-    SnapshotError,
-    SnapshotNotFoundError,
-    SnapshotSchedule,
-    newest_timed_ms,
-)
+from learner.snapshots.format import ResumeError, SnapshotCorruptError, SnapshotError, SnapshotNotFoundError
+from learner.snapshots.schedule import SnapshotSchedule, newest_timed_ms
 from learner.ranks import Ranks
 from schemas.errors import CodecError
 from schemas.events import PreparedBatch, now_ms

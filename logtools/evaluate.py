@@ -48,7 +48,7 @@ def _from_log(log_dir: Path, version: int | None) -> tuple[int, Policy] | None:
 
 
 def _from_snapshots(store_dir: Path, version: int | None) -> tuple[int, Policy, dict] | None:
-    from learner.snapshots import open_store
+    from learner.snapshots.url import open_store
     from streams.policies import policy_from_arch
 
     if not store_dir.is_dir():

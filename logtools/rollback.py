@@ -25,8 +25,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from agents.networks import Policy
-from learner.snapshots import SnapshotError, open_store
-from learner.snapshots import rollback as snapshot_rollback
+from learner.snapshots.format import SnapshotError
+from learner.snapshots.schedule import rollback as snapshot_rollback
+from learner.snapshots.url import open_store
 from config import BusConfig
 from config.storage import ObjectStoreConfig
 from logtools.subscribe import open_events

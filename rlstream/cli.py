@@ -821,7 +821,7 @@ def main(argv: list[str] | None = None) -> int:
     except (BusError, ValueError) as e:  # a setting or input to fix, not a fault: one line, no traceback
         from streams.bus.kafka import NoBrokerError, TopicNotFoundError
 
-        from learner.snapshots import ResumeError
+        from learner.snapshots.format import ResumeError
 
         fix: tuple[type, ...] = (ReplicationError, NoBrokerError, TopicNotFoundError, ResumeError)
         if a.command == "replay":

@@ -272,7 +272,7 @@ def build_learner(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, a
     """The learner of ``cfg``; ``breaker``/``lag_signal``: the backlog breaker (decoupled); the
     policy-lag breaker is built here, for both modes; ``gpu_util``: percent now, or None
     (the dynamic minibatch size's signal, ``--dynamic-batch``)."""
-    from learner.snapshots import open_store
+    from learner.snapshots.url import open_store
 
     store = open_store(cfg.snapshot_url(), keep_timed=cfg.snapshot_keep_timed, object_store=cfg.object_store)
 

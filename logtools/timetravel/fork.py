@@ -21,7 +21,7 @@ from typing import Any
 
 from learner.learner import Learner, LearnerConfig
 from learner.provenance import stamp
-from learner.snapshots import open_store
+from learner.snapshots.url import open_store
 from config import BusConfig
 from streams.policies import arch_of, publish_policy_version
 from logtools.timetravel.record import Recorded

@@ -139,7 +139,7 @@ class Replay:
         pv = self.run.versions[self.version][1]
         if pv.parent_version is not None or self.prov.get("fork_of"):
             # a fork or a resumed run: its first version is a snapshot's state, not a fresh init
-            from learner.snapshots import open_store
+            from learner.snapshots.url import open_store
 
             store = open_store(snapshots, keep_last=None) if snapshots else None
             # a fork's first version is V itself; a resumed run's republishes its parent's snapshot

@@ -34,7 +34,7 @@ import subprocess
 
 import pytest
 
-from learner.snapshots import open_store
+from learner.snapshots.url import open_store
 from schemas.codec import Codec
 from streams.topics import LEARNER_STEPS, SAMPLES_PREPARED, SAMPLES_RAW
 

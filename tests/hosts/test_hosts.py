@@ -26,7 +26,7 @@ import time
 
 import pytest
 
-from learner.snapshots import open_store
+from learner.snapshots.url import open_store
 from schemas.codec import Codec
 from streams.topics import LEARNER_STEPS, SAMPLES_RAW
 from tests.faults.conftest import FRAGMENT, Ledger, TopicCounter, all_trained, check_trained_once

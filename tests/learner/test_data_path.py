@@ -69,7 +69,7 @@ def test_each_round_reports_where_its_time_went():
 
 def test_the_learner_shell_adds_publish_and_reports_the_phases_in_its_summary(tmp_path):
     from learner.learner import Learner
-    from learner.snapshots import open_store
+    from learner.snapshots.url import open_store
     from schemas.codec import Codec
     from streams.bus.memory import MemoryBus
     from streams.events import EventBus

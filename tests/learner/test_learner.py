@@ -8,7 +8,7 @@ import torch
 
 from agents.registry import make_algorithm
 from learner.learner import Learner, LearnerConfig
-from learner.snapshots import open_store
+from learner.snapshots.url import open_store
 from streams.policies import load_policy
 from schemas.codec import Codec
 from schemas.events import GradientStep, PolicyVersion, PreparedBatch, SampleBatch, new_id, now_ms

@@ -11,7 +11,7 @@ import pytest
 
 from config import TrainConfig
 from learner.circuit_breaker import CircuitBreaker, State
-from learner.snapshots import open_store
+from learner.snapshots.url import open_store
 from rlstream import wiring
 from runtime.metrics import Metrics
 from schemas.events import PolicyVersion

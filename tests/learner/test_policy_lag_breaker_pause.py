@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from config import TrainConfig
 from learner.circuit_breaker import CircuitBreaker, State
-from learner.snapshots import open_store
+from learner.snapshots.url import open_store
 from tests.learner.test_learner import events, make  # noqa: F401 (fixture)
 from tests.learner.test_policy_lag_breaker import Clock, feed
 

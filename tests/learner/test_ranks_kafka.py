@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from learner.distributed import EXIT_PEER_LOST, free_port
-from learner.snapshots import open_store
+from learner.snapshots.url import open_store
 from rlstream import wiring
 from config import BusConfig
 from schemas.codec import Codec

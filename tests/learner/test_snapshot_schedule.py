@@ -12,7 +12,9 @@ from agents.registry import make_algorithm
 from config import TrainConfig
 from config.storage import ObjectStoreConfig
 from learner.learner import Learner, LearnerConfig
-from learner.snapshots import ObjectSnapshotStore, SnapshotSchedule, newest_timed_ms, open_store
+from learner.snapshots.object_store import ObjectSnapshotStore
+from learner.snapshots.schedule import SnapshotSchedule, newest_timed_ms
+from learner.snapshots.url import open_store
 from rlstream import wiring
 from streams.topics import SAMPLES_PREPARED
 from tests.learner.test_learner import ACT, N, OBS, T, events, prepared  # noqa: F401 (fixture)

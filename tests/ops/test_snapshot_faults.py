@@ -22,10 +22,13 @@ import pytest
 import torch
 
 import learner.learner as learner_mod
-import learner.snapshots as snapshots_mod
+import learner.snapshots.object_store as object_store_mod
 import testbed.s3 as s3_support
 from learner.learner import Learner
-from learner.snapshots import LocalDirSnapshotStore, ObjectSnapshotStore, ResumeError, open_store
+from learner.snapshots.format import ResumeError
+from learner.snapshots.local_dir import LocalDirSnapshotStore
+from learner.snapshots.object_store import ObjectSnapshotStore
+from learner.snapshots.url import open_store
 from runtime.metrics import Metrics
 from streams.topics import SAMPLES_PREPARED
 from tests.learner.test_learner import make, prepared, versions
@@ -128,7 +131,7 @@ def test_an_object_store_down_mid_run_is_counted_logged_once_and_retried(events,
 
 def test_a_store_that_does_not_answer_bounds_the_save_and_training_goes_on(events, moto, monkeypatch):  # noqa: F811
     """SIGSTOP: the server holds the connection and never replies (a hung or very slow store)."""
-    monkeypatch.setattr(snapshots_mod, "S3_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(object_store_mod, "S3_TIMEOUT_S", 1.0)
     s3 = moto()
     bucket = f"snaps-{uuid.uuid4().hex[:8]}"
     s3.make_bucket(bucket)

@@ -10,8 +10,9 @@ import types
 import pytest
 import torch
 
-from learner import snapshots
-from learner.snapshots import SnapshotSchedule, newest_timed_ms, open_store
+from learner.snapshots import format as snapshot_format
+from learner.snapshots.schedule import SnapshotSchedule, newest_timed_ms
+from learner.snapshots.url import open_store
 
 
 def test_keep_timed_zero_keeps_no_old_time_based_snapshot(tmp_path):
@@ -27,7 +28,7 @@ def test_keep_timed_zero_keeps_no_old_time_based_snapshot(tmp_path):
 
 def test_a_restart_keeps_the_cadence_of_the_newest_time_based_snapshot(tmp_path, monkeypatch: pytest.MonkeyPatch):
     wall = [1_000_000.0]
-    monkeypatch.setattr(snapshots, "time", types.SimpleNamespace(time=lambda: wall[0]))
+    monkeypatch.setattr(snapshot_format, "time", types.SimpleNamespace(time=lambda: wall[0]))
     store = open_store(tmp_path / "s", keep_last=10, keep_timed=5)
     assert newest_timed_ms(store) is None
     for v, at in ((1, 0.0), (2, 3600.0), (3, 86_400.0), (4, 90_000.0)):  # 1 and 3 are the daily ones

@@ -16,21 +16,20 @@ from torch import nn
 
 from config.env import Environment
 from config.storage import ObjectStoreConfig
-from learner.snapshots import (
-    LocalDirSnapshotStore,
-    ObjectSnapshotStore,
-    RedisSnapshotStore,
+from learner.snapshots.base import SnapshotStore
+from learner.snapshots.format import (
     SnapshotCorruptError,
     SnapshotError,
     SnapshotNotFoundError,
     SnapshotPinnedError,
-    SnapshotStore,
     flatten_state,
-    open_store,
-    rollback,
     unflatten_state,
 )
-from learner.snapshots import S3_TIMEOUT_S, S3_TRIES, _s3_options
+from learner.snapshots.local_dir import LocalDirSnapshotStore
+from learner.snapshots.object_store import S3_TIMEOUT_S, S3_TRIES, ObjectSnapshotStore, _s3_options
+from learner.snapshots.redis_store import RedisSnapshotStore
+from learner.snapshots.schedule import rollback
+from learner.snapshots.url import open_store
 from tests.support import free_port
 
 BACKENDS = ("local", pytest.param("redis", marks=pytest.mark.redis), "s3")

@@ -111,7 +111,7 @@ def test_eval_records_mujoco_video_offscreen_from_a_snapshot(tmp_path):
     import torch
 
     from agents.networks import Policy
-    from learner.snapshots import open_store
+    from learner.snapshots.url import open_store
     from streams.policies import arch_of
 
     torch.manual_seed(0)

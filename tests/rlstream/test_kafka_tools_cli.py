@@ -90,7 +90,7 @@ KAFKA_COMMANDS = {
 
 
 def test_no_broker_is_one_line_and_exit_2_from_every_kafka_command(tmp_path):
-    from learner.snapshots import open_store
+    from learner.snapshots.url import open_store
 
     open_store(tmp_path / "snaps", keep_last=None).save(0, make_policy(0).state_dict(), {"algo": "ppo"})
     address = f"127.0.0.1:{free_port()}"  # nothing listens there

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from agents.networks import Policy
-from learner.snapshots import open_store
+from learner.snapshots.url import open_store
 from logtools.rollback import RollbackError, rollback
 from logtools.subscribe import PolicyFeed
 from config import BusConfig

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from learner.snapshots import open_store
+from learner.snapshots.url import open_store
 from schemas.codec import Codec
 from streams.bus.memory import MemoryBus
 from streams.topics import LEARNER_STEPS, POLICY_VERSIONS, PREFERENCES, SAMPLES_RAW
