@@ -9,9 +9,12 @@ how long it is: on-policy algorithms wait for a newer version after their share 
 batch, off-policy ones pause while the stream processors' backlog is high. ``step`` returns
 None while held back, after waiting up to ``flow.poll_s`` for a version (or room).
 
-Each SampleBatch is collected with ONE behaviour policy version (it is swapped only between
-fragments), tagged with that version, the sampled (unclipped) actions and their log-probs, and
-a per-actor ``seq``. NaN/inf from an env never reaches a topic: the fragment is discarded,
+Each SampleBatch is tagged with its behaviour policy version, the sampled (unclipped) actions
+and their log-probs, and a per-actor ``seq``. A free-running actor (``swap_every``) adopts a
+newer version between env steps, within the fragment (in-flight weight updates, as PipelineRL
+does): each step's behaviour version is then in ``step_versions`` and each log-prob is the one
+of the version that acted; ``policy_version`` is the first (oldest) one. Otherwise a fragment
+has one version (swapped only between fragments; co-located runs always). NaN/inf from an env never reaches a topic: the fragment is discarded,
 the envs reset, and the rejection counted and logged.
 """
 
@@ -54,9 +57,18 @@ class ActorConfig:
     wrappers: tuple[str, ...] = ()
     """Per-env wrappers by name (``actor.envs.WRAPPERS``)."""
     swap_every: int = 0
-    """>0 (free-running off-policy actors): every this many steps, look for a newer policy and,
-    if one arrived, end the fragment there so the new one acts at once; policy latency is then
-    bounded by this many steps instead of a whole fragment. 0: swap only between fragments."""
+    """>0 (free-running off-policy actors): look for a newer policy between env steps, every this
+    many steps and whenever ``swap_every_s`` has passed since the last look, and act with it from
+    the next step (``inflight``). Policy latency is then bounded by the time of one look, not by a
+    fragment, whatever the env width. 0: swap only between fragments (one version per fragment)."""
+    swap_every_s: float = 0.002
+    """With ``swap_every``: the longest time between two looks (one look, an empty consumer poll,
+    costs ~10 us; a vector step of 8 MuJoCo envs ~1 ms, so the look is cheap either way)."""
+    inflight: bool = True
+    """With ``swap_every``: a newer version is adopted within the fragment, whose steps then carry
+    their own behaviour versions (``SampleBatch.step_versions``) and log-probs; the fragment keeps
+    its length, and its ``policy_version`` is its first (oldest) step's. False: the fragment ends
+    at the swap, so each one has a single version (more, shorter fragments)."""
 
 
 class Actor:
@@ -83,8 +95,13 @@ class Actor:
 
     @property
     def cut_fragments(self) -> int:
-        """Fragments ended early for a new policy (``swap_every``)."""
+        """Fragments ended early for a new policy (``swap_every`` without ``inflight``)."""
         return self.rollout.cut_fragments
+
+    @property
+    def inflight_swaps(self) -> int:
+        """Newer versions adopted within a fragment (``swap_every`` with ``inflight``)."""
+        return getattr(self.rollout, "inflight_swaps", 0)
 
     def adopt(self, timeout: float = 0.0) -> bool:
         """Adopt the newest policy version that arrived (waiting up to ``timeout`` for one); True
@@ -98,12 +115,12 @@ class Actor:
         version adopted already (co-located ``--overlap`` adopts between rounds, with ``adopt``,
         so a fragment's version never depends on when the learner's thread publishes)."""
         if not pinned or self.subscriber.policy is None:
-            self.subscriber.poll(policy_timeout if self.subscriber.policy is None else 0.0)
+            self._poll(policy_timeout if self.subscriber.policy is None else 0.0, "fragment")
         if self.subscriber.policy is None:
             return None
         flow = self.flow
         if flow is not None and not flow.allow(self.subscriber.version):
-            self.subscriber.poll(flow.poll_s)  # a newer version ends the wait at once
+            self._poll(flow.poll_s, "held")  # a newer version ends the wait at once
             if not flow.allow(self.subscriber.version):
                 return None
         steps = flow.fragment_steps(self.fragment_steps) if flow is not None else self.fragment_steps
@@ -126,17 +143,28 @@ class Actor:
         self.events.publish(SAMPLES_RAW, batch, key=self.config.actor_id)
         self.seq += 1
         if flow is not None:
-            flow.on_published(batch.num_steps, batch.policy_version)
+            flow.on_published(batch.num_steps, batch.newest_version)
         if self.on_batch is not None:
             self.on_batch(batch, time.perf_counter() - t0)
         return batch
 
     def collect(self, T: int) -> SampleBatch:
-        """One fragment of ``T`` steps per env with the adopted version (not published)."""
+        """One fragment of ``T`` steps per env with the adopted version (not published); with
+        ``swap_every``, newer versions are looked for between env steps (``ActorConfig``)."""
         batch = self.rollout.collect(self.subscriber.policy, self.subscriber.version, T, self.seq,
-                                     cut=(lambda: self.subscriber.poll(0.0)) if self.config.swap_every else None)
+                                     newer=self._newer if self.config.swap_every else None)
         self.steps += batch.size
         return batch
+
+    def _newer(self) -> tuple | None:
+        """A newer policy, if one arrived: ``(module, version)`` (the rollout's ``newer``)."""
+        if self._poll(0.0, "step"):
+            return self.subscriber.policy, self.subscriber.version
+        return None
+
+    def _poll(self, timeout: float, where: str) -> bool:
+        self.subscriber.where = where  # the label of the latency parts (actor.policy_client)
+        return self.subscriber.poll(timeout)
 
     def close(self) -> None:
         self.rollout.close()
@@ -146,5 +174,6 @@ class Actor:
         """What this actor did (the role protocol's summary)."""
         return {"role": "actor", "actor_id": self.config.actor_id, "steps": self.steps, "seq": self.seq,
                 "rejected_fragments": self.rejected, "policy_versions_adopted": self.subscriber.adopted,
-                "cut_fragments": self.cut_fragments,
+                "cut_fragments": self.cut_fragments, "inflight_swaps": self.inflight_swaps,
+                "policy_latency_parts_ms": getattr(self.subscriber, "parts_ms", dict)(),
                 "startup_adoption_ms": None if (lat := self.subscriber.startup_latency_s) is None else round(lat * 1e3, 3)}

@@ -62,7 +62,11 @@ class GaussianSampler:
     def noise(self, shape: tuple[int, ...], generator: torch.Generator) -> tuple[np.ndarray, np.ndarray]:
         """``(noise [*shape, act_dim], logp [*shape])`` for ``shape`` steps."""
         eps = torch.randn((*shape, self.std.shape[0]), generator=generator).numpy()
-        return eps, self.logp_const - 0.5 * np.einsum("...i,...i->...", eps, eps)
+        return eps, self.logp(eps)
+
+    def logp(self, noise: np.ndarray) -> np.ndarray:
+        """Log density of the actions ``noise`` gives under this snapshot (``[...]``)."""
+        return self.logp_const - 0.5 * np.einsum("...i,...i->...", noise, noise)
 
     def sample(self, obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
         """Actions ``[N, act_dim]`` for raw observations ``obs [N, obs_dim]`` and standard-normal ``noise``."""

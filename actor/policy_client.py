@@ -21,12 +21,22 @@ version to this subscriber adopting it in place of the version it was acting wit
 adoption of each subscriber (a new or restarted actor taking its first policy, whichever version
 that is and however long ago it was published) ends the actor's start-up rather than measuring
 publish-to-use, so it is not counted there but kept apart in ``startup_latency_s``.
+
+Where a counted latency went (``parts``, newest ``PARTS_KEPT``; ``parts_ms()`` gives quantiles):
+``in_flight`` (publish to the end of the actor's previous poll, which did not have it yet: the
+learner's flush, the broker, the consumer's fetch), ``unpolled`` (from then, or from the publish
+if later, to the poll that took it: the version may have waited this long for the actor to look,
+or part of it was still in flight), ``poll`` (the consumer call) and ``load`` (weights into the
+module). ``where``: the label the caller set before the adopting poll (``Actor``: ``step``,
+between env steps; ``fragment``, before one; ``held``, held back by its flow). Two clock reads
+per poll.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 
 from agents.networks import Policy
@@ -46,6 +56,10 @@ from streams.policies import (
 )
 
 log = logging.getLogger(__name__)
+
+#: Counted adoptions whose latency parts a subscriber keeps (module doc).
+PARTS_KEPT = 4096
+PARTS = ("in_flight", "unpolled", "poll", "load")
 
 
 class PolicySubscriber:
@@ -78,10 +92,22 @@ class PolicySubscriber:
         self.lag = lag
         self.newest = -1  # the newest version received (with a lag, ahead of ``version``)
         self._held: dict[int, PolicyUpdate] = {}  # with a lag: received, not yet due
+        self.parts: deque[dict] = deque(maxlen=PARTS_KEPT)  # module doc
+        self._polled_ns: int | None = None  # when the previous poll ended
+        self.where = ""  # the caller's label of its next poll (module doc)
 
     def poll(self, timeout: float = 0.0) -> bool:
         """Adopt the newest version available within ``timeout``; True if one was adopted."""
+        start = time.time_ns()
+        prev, self._polled_ns = self._polled_ns, start
+        try:
+            return self._poll(timeout, self.where, start, prev)
+        finally:
+            self._polled_ns = time.time_ns()
+
+    def _poll(self, timeout: float, where: str, start: int, prev: int | None) -> bool:
         candidates = self._due(self.follower.poll(timeout))
+        loading = time.time_ns()
         # newest first; a version whose weights do not load is skipped and counted (the learner
         # owns its dead letter) and the next newest is tried, so one bad record never leaves the
         # actor on an older policy, nor ends it
@@ -102,12 +128,33 @@ class PolicySubscriber:
         self.version = u.version
         self.version_created_ms = u.created_at_ms
         self.adopted += 1
-        lat = u.latency_s()
+        done = time.time_ns()
+        lat = u.latency_s(done)
         if self.adopted == 1:
             self.startup_latency_s = lat
-        elif lat is not None and self.on_latency is not None:
-            self.on_latency(lat)
+        elif lat is not None:
+            pub = u.published_ns
+            looked = start if prev is None else max(prev, pub)
+            self.parts.append({"in_flight": max(0, looked - pub) / 1e9 if prev is not None else 0.0,
+                               "unpolled": max(0, start - looked) / 1e9, "poll": (loading - start) / 1e9,
+                               "load": (done - loading) / 1e9, "latency": lat, "where": where})
+            if self.on_latency is not None:
+                self.on_latency(lat)
         return True
+
+    def parts_ms(self) -> dict:
+        """Quantiles (ms) of each latency part over the kept adoptions, by the adopting poll's
+        ``where`` too (module doc); the parts of the slowest 1 % beside them."""
+        from runtime.progress import quantiles_ms
+
+        rows = list(self.parts)
+        if not rows:
+            return {}
+        out: dict = {p: quantiles_ms([r[p] for r in rows]) for p in PARTS}
+        out["where"] = {w: sum(1 for r in rows if r["where"] == w) for w in sorted({r["where"] for r in rows})}
+        worst = sorted(rows, key=lambda r: -r["latency"])[:max(3, len(rows) // 100)]
+        out["slowest"] = [{k: (round(v * 1e3, 2) if k != "where" else v) for k, v in r.items()} for r in worst]
+        return out
 
     def _due(self, arrived: list[PolicyUpdate]) -> list[PolicyUpdate]:
         """The versions that may be adopted now: all newer ones, or with a lag those at least

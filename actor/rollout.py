@@ -12,7 +12,9 @@ Both give the same batches for the same config, policy and calls (tests/actor/te
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,7 +32,8 @@ class Rollout:
         self.env = env if env is not None else make_vector_env(config.env_id, config.num_envs, config.vector_mode,
                                                                  config.wrappers)
         self.spec = spec_of(self.env, config.env_id)
-        self.cut_fragments = 0  # fragments ended early for a new policy (``cut``)
+        self.cut_fragments = 0  # fragments ended early for a new policy (``collect``'s ``newer``)
+        self.inflight_swaps = 0  # newer policies taken within a fragment (``config.inflight``)
         self._seed_counter = 0
         self._gen = torch.Generator().manual_seed(config.seed)
         self._ep_return = np.zeros(config.num_envs)
@@ -62,10 +65,13 @@ class Rollout:
         return self._sampler
 
     def collect(self, policy, version: int, T: int, seq: int,
-                cut: Callable[[], bool] | None = None) -> SampleBatch:
+                newer: Callable[[], tuple[Any, int] | None] | None = None) -> SampleBatch:
         """One fragment of ``T`` steps per env with ``policy`` (tagged ``version`` and ``seq``).
-        ``cut``: asked every ``config.swap_every`` steps; True ends the fragment there (a newer
-        policy arrived). NonFiniteEnvError if an env returns NaN/inf (call ``reset`` then)."""
+        ``newer``: asked between env steps (every ``config.swap_every`` steps, and whenever
+        ``config.swap_every_s`` has passed since it was last asked) for a newer adopted policy,
+        as ``(policy, version)`` or None. With ``config.inflight`` the next steps act with it
+        within this fragment (``step_versions``); without, the fragment ends there. Never asked
+        in group mode. NonFiniteEnvError if an env returns NaN/inf (call ``reset`` then)."""
         cfg, spec = self.config, self.spec
         N = cfg.num_envs
         if cfg.group_size > 0:
@@ -82,7 +88,11 @@ class Rollout:
         ep_lengths: list[int] = []
         obs = self._obs
         grouped = cfg.group_size > 0
-        swap_every = cfg.swap_every if cut is not None else 0
+        swap_every = cfg.swap_every if newer is not None and not grouped else 0
+        swap_s = cfg.swap_every_s
+        clock = time.perf_counter
+        look_at = clock() + swap_s  # the next look by time
+        step_versions: np.ndarray | None = None  # per step, once a version changed in flight
         sampler = self._sampler_of(policy, version)  # numpy inference; None: Policy.act per step
         if sampler is not None:
             noise, logp_buf = sampler.noise((T, N), self._gen)
@@ -123,14 +133,31 @@ class Rollout:
                     self._ep_return[i] = 0.0
                     self._ep_len[i] = 0
             obs = nobs
-            if swap_every and not grouped and t + 1 < T and (t + 1) % swap_every == 0 and cut():
-                # a newer policy arrived: end this fragment here (it keeps its one behaviour
-                # version) so the next steps act with the new one at once
-                T = t + 1
-                obs_buf, act_buf, rew_buf = obs_buf[:T], act_buf[:T], rew_buf[:T]
-                term_buf, trunc_buf, logp_buf = term_buf[:T], trunc_buf[:T], logp_buf[:T]
-                self.cut_fragments += 1
-                break
+            if swap_every and t + 1 < T and ((t + 1) % swap_every == 0 or clock() >= look_at):
+                look_at = clock() + swap_s
+                got = newer()
+                if got is not None:
+                    new_policy, new_version = got
+                    new_sampler = self._sampler_of(new_policy, new_version)
+                    if cfg.inflight and (sampler is None) == (new_sampler is None):
+                        # in flight: steps t+1.. act with the new version, in this fragment
+                        if step_versions is None:
+                            step_versions = np.full(T, version, np.int64)
+                        step_versions[t + 1:] = new_version
+                        if sampler is not None:  # the same noise, under the new version's std
+                            logp_buf[t + 1:] = new_sampler.logp(noise[t + 1:])
+                        policy, sampler = new_policy, new_sampler
+                        self.inflight_swaps += 1
+                        continue
+                    # end this fragment here (it keeps its one behaviour version) so the next
+                    # steps act with the new one at once
+                    T = t + 1
+                    obs_buf, act_buf, rew_buf = obs_buf[:T], act_buf[:T], rew_buf[:T]
+                    term_buf, trunc_buf, logp_buf = term_buf[:T], trunc_buf[:T], logp_buf[:T]
+                    if step_versions is not None:
+                        step_versions = step_versions[:T]
+                    self.cut_fragments += 1
+                    break
             if grouped:
                 rollout_done |= done
                 if rollout_done.all() and t + 1 < T:
@@ -151,6 +178,7 @@ class Rollout:
             last_obs=obs.copy(), final_obs_index=np.asarray(final_idx, dtype=np.int64),
             final_obs=np.asarray(final_obs, dtype=np.float32).reshape(len(final_obs), spec.obs_dim),
             group_ids=group_ids, episode_returns=ep_returns, episode_lengths=ep_lengths,
+            step_versions=step_versions,
         )
 
     def close(self) -> None:

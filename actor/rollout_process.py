@@ -86,7 +86,7 @@ class RolloutProcess:
         if config.swap_every:
             raise ValueError("a rollout process collects whole fragments: swap_every must be 0")
         self.config = config
-        self.cut_fragments = 0
+        self.cut_fragments = self.inflight_swaps = 0
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, args=(child, config), name=f"rlstream-rollout-{config.actor_id}",
@@ -127,10 +127,10 @@ class RolloutProcess:
             raise value
         return value
 
-    def collect(self, policy, version: int, T: int, seq: int, cut: Callable[[], bool] | None = None) -> SampleBatch:
-        """``Rollout.collect`` in the child (``cut`` is not supported: see the class doc)."""
-        if cut is not None:
-            raise ValueError("a rollout process cannot cut fragments")
+    def collect(self, policy, version: int, T: int, seq: int, newer: Callable[[], Any] | None = None) -> SampleBatch:
+        """``Rollout.collect`` in the child (``newer`` is not supported: see the class doc)."""
+        if newer is not None:
+            raise ValueError("a rollout process cannot swap policies within a fragment")
         key = (id(policy), version)
         # A new module goes as a copy (torch shares a sent module's tensors with the child, and the
         # subscriber loads every later version into this one in place); each version's weights

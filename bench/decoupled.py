@@ -104,6 +104,8 @@ def decoupled(cfg: TrainConfig) -> dict:
     return {"wall_s": round(wall, 2), "exit_codes": summary["exit_codes"], "updates": learner.get("updates"),
             "sps_wall": round(trained / wall, 1), **steady,
             "actor_steps": actor.get("steps"), "policy_latency_ms": actor.get("policy_latency_ms"),
+            "policy_latency_parts_ms": actor.get("policy_latency_parts_ms"), "cut_fragments": actor.get("cut_fragments"),
+            "inflight_swaps": actor.get("inflight_swaps"), "actor_collect_s": actor.get("collect_s"),
             "freshness": streams.get("freshness"), "drops": streams.get("drops"),
             "lag_versions": streams.get("lag_versions"), "flow": actor.get("flow"),
             "breaker_trips": learner.get("breaker_trips")}

@@ -37,6 +37,18 @@ def dense_final_obs(p: PreparedBatch) -> np.ndarray:
     return out
 
 
+def step_staleness(b: PreparedBatch) -> np.ndarray:
+    """[T] versions each step's behaviour policy lags the one ``b`` was weighted against. A
+    fragment's ``staleness_versions`` is its first (oldest) step's; with in-flight weight updates
+    (``SampleBatch.step_versions``) a later step acted with a newer version and lags that much
+    less (never below 0: a step newer than the processors' latest is not stale)."""
+    s = b.sample
+    lag = np.full(s.num_steps, b.staleness_versions, np.int64)
+    if s.step_versions is not None:
+        lag = np.maximum(0, lag - (s.step_versions - s.policy_version))
+    return lag
+
+
 def _padded(b: PreparedBatch, T: int) -> dict[str, np.ndarray]:
     """The [T_b, N] arrays of fragment ``b``, zero-padded in time to ``T`` steps, with a ``mask``
     of its real steps.
@@ -56,7 +68,7 @@ def _padded(b: PreparedBatch, T: int) -> dict[str, np.ndarray]:
     cols = {
         "obs": s.obs, "actions": s.actions, "rewards": s.rewards, "terminated": s.terminated,
         "truncated": s.truncated, "behaviour_logp": s.behaviour_logp, "next_obs_final": dense_final_obs(b),
-        "is_rho": b.is_rho, "is_c": b.is_c, "staleness_versions": ones * b.staleness_versions,
+        "is_rho": b.is_rho, "is_c": b.is_c, "staleness_versions": ones * step_staleness(b).astype(np.float32)[:, None],
         "staleness_ms": ones * b.staleness_ms, "sample_weight": ones * b.sample_weight,
         "mask": np.ones((Tb, N), bool),
     }

@@ -105,6 +105,22 @@ class SampleBatch:
     group_ids: np.ndarray | None = None
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
+    step_versions: np.ndarray | None = None
+    """[T] int64: each step's behaviour version when the actor adopted a newer one within the
+    fragment (in-flight weight updates); non-decreasing, first = ``policy_version``. None: every
+    step is ``policy_version``. ``behaviour_logp`` is always the acting version's."""
+
+    def versions(self) -> np.ndarray:
+        """[T] int64 behaviour version of each step (``step_versions``, or ``policy_version``)."""
+        if self.step_versions is not None:
+            return self.step_versions
+        return np.full(self.num_steps, self.policy_version, np.int64)
+
+    @property
+    def newest_version(self) -> int:
+        """The newest behaviour version in the fragment (its last step's)."""
+        return int(self.step_versions[-1]) if self.step_versions is not None and self.step_versions.size else int(
+            self.policy_version)
 
     @property
     def num_steps(self) -> int:
@@ -141,6 +157,12 @@ class SampleBatch:
             raise InvalidEventError("final_obs_index out of range")
         if self.seq < 0 or self.policy_version < 0:
             raise InvalidEventError("seq and policy_version must be >= 0")
+        sv = self.step_versions
+        if sv is not None:
+            if sv.shape != (t,) or sv.dtype != np.int64:
+                raise InvalidEventError(f"step_versions must be [T] = [{t}] int64, got {sv.shape} {sv.dtype}")
+            if t and (sv[0] != self.policy_version or (np.diff(sv) < 0).any()):
+                raise InvalidEventError("step_versions must start at policy_version and never decrease")
         for name in ("obs", "actions", "rewards", "behaviour_logp", "last_obs", "final_obs"):
             a = getattr(self, name)
             if a.size and not np.isfinite(a).all():

@@ -98,6 +98,8 @@ def example_events(seed: int = 0) -> list[Any]:
         DeadLetter(topic="rl.samples.raw", partition=1, offset=99, value=b"\x00garbage", reason="corrupt",
                    error_class="CorruptEventError", stage="learner", occurred_at_ms=1_700_000_000_000,
                    key=b"actor-0", headers={"rl-schema": b"rlstream.SampleBatch/1"}, detail="bad magic"),
+        # in-flight weight updates: versions 3, then 4 from step 3, then 5 from step 6
+        dataclasses.replace(sb, seq=2, step_versions=np.repeat(np.array([3, 4, 5], np.int64), [3, 3, shape[0] - 6])),
     ]
 
 

@@ -139,7 +139,7 @@ def test_group_mode_ends_the_fragment_once_every_rollout_is_done(events):
     assert len(b.episode_returns) == 4
 
 
-def test_free_running_actor_ends_a_fragment_early_when_a_newer_policy_arrives(events):
+def test_free_running_actor_without_inflight_ends_a_fragment_early_when_a_newer_policy_arrives(events):
     class PublishMidway(PolicySubscriber):
         """Publishes version 1 at its third poll: the check after step 16 of the first fragment."""
 
@@ -151,7 +151,8 @@ def test_free_running_actor_ends_a_fragment_early_when_a_newer_policy_arrives(ev
                 publish_policy(events, 1, Policy(3, 1))
             return super().poll(timeout)
 
-    actor = Actor(ActorConfig(env_id="Pendulum-v1", num_envs=1, fragment_steps=64, swap_every=8),
+    actor = Actor(ActorConfig(env_id="Pendulum-v1", num_envs=1, fragment_steps=64, swap_every=8,
+                              swap_every_s=1e9, inflight=False),  # looks by step count only
                   PublishMidway(events, "policy", "actor"), events)
     publish_policy(events, 0, Policy(3, 1))
     b0 = actor.step()

@@ -107,11 +107,12 @@ def test_a_child_that_dies_is_an_error_naming_its_exit_code(owned):
         rollout.collect(Policy(3, 1), 0, 10, 0)
 
 
-def test_close_ends_the_child_and_a_cut_is_refused(owned):
+def test_close_ends_the_child_and_a_swap_is_refused(owned):
     cfg = ActorConfig(env_id="Pendulum-v1", fragment_steps=10)
     rollout = RolloutProcess(cfg)
-    with pytest.raises(ValueError, match="cannot cut"):
-        rollout.collect(Policy(3, 1), 0, 10, 0, cut=lambda: False)
+    owned.append(rollout)
+    with pytest.raises(ValueError, match="cannot swap"):
+        rollout.collect(Policy(3, 1), 0, 10, 0, newer=lambda: None)
     pid = rollout.pid
     assert alive(pid)
     rollout.close()

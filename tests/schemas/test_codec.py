@@ -1,6 +1,7 @@
 """The Avro codec: round trips, schema evolution, and every way bytes can be bad.
 
-Evolution uses a test-only v2 of SampleBatch (``avsc_v2/``: adds ``priority`` with a default).
+Evolution uses a test-only v3 of SampleBatch (``avsc_v2/``: adds ``priority`` with a default), a
+version after the newest real one (the ``v2`` fixture: the newer process).
 """
 
 from __future__ import annotations
@@ -84,21 +85,21 @@ def test_decode_expected_type_mismatch(codec):
 
 @dataclass(frozen=True)
 class SampleBatchV2(SampleBatch):
-    """What a newer reader/writer is built with: the dataclass of SampleBatch v2."""
+    """What a newer reader/writer is built with: the dataclass of the test-only SampleBatch v3."""
 
     priority: float = 0.0
 
 
 @pytest.fixture
 def v2(monkeypatch):
-    """A codec built with SampleBatch v2 (its registry has v1 and v2; its class has priority)."""
+    """A codec built with the test-only SampleBatch v3 (its registry has v1 to v3; its class has priority)."""
     monkeypatch.setitem(codec_mod.EVENT_TYPES, SampleBatch.AVRO_NAME, SampleBatchV2)
     return Codec(SchemaRegistry([AVSC_DIR, V2_DIR]))
 
 
 def test_v2_registry_resolves_to_v2_with_a_new_fingerprint(v2, codec):
     new, old = v2.writer_schema(SampleBatch), codec.writer_schema(SampleBatch)
-    assert (new.version, old.version) == (2, 1)
+    assert (new.version, old.version) == (3, 2)
     assert new.fingerprint != old.fingerprint
 
 
@@ -117,7 +118,7 @@ def test_old_reader_reads_new_event_once_it_learnt_the_writer_schema(v2):
     assert data[2:HEADER_LEN] == v2.writer_schema(SampleBatch).fingerprint
     assert v2.decode(data).priority == 0.75
 
-    old_registry = SchemaRegistry()  # built with v1 only
+    old_registry = SchemaRegistry()  # built without v3
     with pytest.raises(UnknownSchemaError) as e:
         Codec(old_registry).decode(data)
     assert e.value.fingerprint == data[2:HEADER_LEN] and e.value.reason == "unknown_schema"
@@ -131,8 +132,8 @@ def test_old_reader_reads_new_event_once_it_learnt_the_writer_schema(v2):
         mp.setitem(codec_mod.EVENT_TYPES, SampleBatch.AVRO_NAME, SampleBatch)  # the old process's class
         back = old.decode(data)
     assert type(back) is SampleBatch and back.seq == 5 and not hasattr(back, "priority")
-    # Learning v2 does not make it the old process's own schema: it still writes v1.
-    assert old.writer_schema(SampleBatch).version == 1
+    # Learning v3 does not make it the old process's own schema: it still writes v2.
+    assert old.writer_schema(SampleBatch).version == 2
     assert old.encode(sample_batch())[2:HEADER_LEN] == SchemaRegistry().latest(SampleBatch.AVRO_NAME).fingerprint
     assert topic.refresh(old_registry) == 0  # nothing new the second time
 

@@ -33,7 +33,7 @@ from tests.schemas.compat import (
     released,
 )
 
-V2_DIR = Path(__file__).parent / "avsc_v2"  # test-only SampleBatch v2 (adds priority, with a default)
+V2_DIR = Path(__file__).parent / "avsc_v2"  # test-only SampleBatch v3 (adds priority, with a default)
 HISTORY = history()
 PAIRS = pairs(HISTORY)
 
@@ -124,16 +124,17 @@ def test_a_released_version_edited_in_place_fails_against_what_it_was(tmp_path):
     d = copy_tree(tmp_path / "avsc")
     edit_in_place(d, "rlstream.SampleBatch", add_field({"name": "host", "type": "string"}))
     hist = history(SchemaRegistry([d]))["rlstream.SampleBatch"]
-    assert [(v.version, v.origin) for v in hist] == [(1, "released"), (1, "tree")]
-    assert _failing(SchemaRegistry([d]), "rlstream.SampleBatch") == {("backward", 1, 1)}
+    assert [(v.version, v.origin) for v in hist] == [(1, "tree"), (2, "released"), (2, "tree")]  # v2 edited
+    assert _failing(SchemaRegistry([d]), "rlstream.SampleBatch") == {("backward", 2, 1), ("backward", 2, 2)}
 
 
 def test_an_event_embedding_an_evolved_one_is_checked_too(tmp_path):
-    """With the test-only SampleBatch v2, PreparedBatch v1 embeds it: a new schema under the same
-    version number, which the gate checks against the released one (compatible: a default)."""
+    """With the test-only SampleBatch v3, PreparedBatch v1 embeds it: a new schema under the same
+    version number, which the gate checks against the released ones (compatible: a default)."""
     registry = SchemaRegistry([copy_tree(tmp_path / "avsc", V2_DIR)])
     hist = history(registry)
-    assert [v.version for v in hist["rlstream.SampleBatch"]] == [1, 2]
-    assert [(v.version, v.origin) for v in hist["rlstream.PreparedBatch"]] == [(1, "released"), (1, "tree")]
+    assert sorted({v.version for v in hist["rlstream.SampleBatch"]}) == [1, 2, 3]
+    prepared = [(v.version, v.origin) for v in hist["rlstream.PreparedBatch"]]
+    assert prepared[-1] == (1, "tree") and set(prepared[:-1]) == {(1, "released")} and len(prepared) >= 3
     for name in ("rlstream.SampleBatch", "rlstream.PreparedBatch"):
         assert _failing(registry, name) == set()
