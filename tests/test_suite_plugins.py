@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from testbed.wait import wait_for
 from tests.support.reaper import marked
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -419,3 +420,53 @@ def test_the_netns_harness_tests_fail_in_ci_where_namespaces_are_unavailable(tmp
         assert sum("CI=true" in ln and "namespaces unavailable" in ln for ln in lines) >= 4, p.stdout[-3000:]
     else:
         assert lines[-1].startswith("4 skipped"), p.stdout[-3000:]
+
+
+@pytest.mark.kafka
+def test_a_groups_reassignments_are_read_from_the_broker_and_bound_what_is_handed_again(kafka_bootstrap):
+    """``tests.support.kafka.GroupGenerations``, the oracle the duplicate-counting tests bound
+    their redeliveries with: a member that reads every record and leaves without committing, then
+    a second: the second assignment is the one reassignment, and it hands each record again once."""
+    import uuid
+
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from tests.support.kafka import GroupGenerations, handed_again_at_most
+
+    topic, group = f"t-generations-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    try:
+        producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
+        for i in range(3):
+            producer.produce(topic, str(i).encode())
+        assert producer.flush(30) == 0
+        generations = GroupGenerations(kafka_bootstrap, group)
+        handed: list[bytes] = []
+
+        def member_reads_all() -> None:
+            c = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                          "enable.auto.commit": False})
+            c.subscribe([topic])
+            got: list[bytes] = []
+
+            def all_read() -> bool:
+                m = c.poll(0.5)
+                if m is not None and not m.error():
+                    got.append(m.value())
+                return len(got) == 3
+            try:
+                wait_for(all_read, 120, "a member to read the 3 records", every=0)
+            finally:
+                c.close()  # leaves the group, nothing committed
+            handed.extend(got)
+
+        member_reads_all()
+        assert generations.reassignments() == 0
+        member_reads_all()
+        assert generations.reassignments() == 1
+        again = len(handed) - 3
+        assert again == 3 == handed_again_at_most(generations.reassignments(), 0, 3)
+    finally:
+        admin.delete_topics([topic])
