@@ -208,11 +208,12 @@ def test_policy_latency_leaves_out_the_start_up_adoption(events):
     got: list[float] = []
     sub = PolicySubscriber(events, "policy", "actor", on_latency=got.append)
     actor = Actor(ActorConfig(env_id="Pendulum-v1", num_envs=1, fragment_steps=10), sub, events)
-    while time.perf_counter() - t_published < 0.2:  # start-up takes a while (env, imports)
-        time.sleep(0.01)
+    waited = time.perf_counter() - t_published  # the start-up so far (env, imports): at least this
     actor.step()
-    assert sub.version == 0 and got == [] and sub.startup_latency_s >= 0.2
+    assert sub.version == 0 and got == [] and sub.startup_latency_s >= waited
+    t1 = time.perf_counter()
     publish(1)
     actor.step()
-    assert sub.version == 1 and len(got) == 1 and got[0] < sub.startup_latency_s
+    # policy latency: within what this test saw between the publish and the adoption, no start-up in it
+    assert sub.version == 1 and len(got) == 1 and 0 <= got[0] <= time.perf_counter() - t1
     assert actor.summary()["startup_adoption_ms"] == round(sub.startup_latency_s * 1e3, 3)
