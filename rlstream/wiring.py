@@ -1,12 +1,14 @@
 """The one place components are wired (Acme builders): every role gets its collaborators here
-and never imports another role. Co-located and decoupled mode use the same builders."""
+and never imports another role. Co-located and decoupled mode use the same builders, and build
+each role into its process's harness the same way (``add_actor``, ``add_prepare_worker``,
+``add_learner`` into an ``rlstream.harness.RoleProcess``: the role's hooks and how it closes)."""
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,6 +29,9 @@ from streams.events import EventBus, event_bus, schema_codec
 from streams.policies import BlobStore, open_blob_store
 from streams.settings import EFFECTIVE_CONFIG_FILE, StreamsSettings
 from streams.topics import SAMPLES_PREPARED, SAMPLES_RAW, STREAMS_GROUP
+
+if TYPE_CHECKING:
+    from rlstream.harness import RoleProcess
 
 
 # Infrastructure of one setting comes from its own package; the roles below are assembled here.
@@ -307,6 +312,72 @@ def build_learner(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, a
                    policy_breaker=build_policy_breaker(cfg, metrics), replay=replay,
                    batch_control=control, gpu_util=gpu_util,
                    on_snapshot_failure=metrics.count_snapshot_failure if metrics is not None else None)
+
+
+def set_threads(cfg: TrainConfig) -> None:
+    """Torch's threads: one unless asked (a small MLP's update gains nothing from a second one on
+    an idle machine and runs tens of times slower beside another busy process; config.train)."""
+    torch.set_num_threads(cfg.torch_threads or 1)
+
+
+def rank_config(cfg: TrainConfig, rank: RankEnv) -> TrainConfig:
+    """``cfg`` as learner ``rank`` runs it: one of N data-parallel ranks takes its own device, and
+    only rank 0 writes TensorBoard (docs/explanation/learner-ranks.md)."""
+    if rank.world_size <= 1:
+        return cfg
+    from learner import distributed
+
+    device = distributed.parse_devices(cfg.device, cfg.learners or rank.world_size)[rank.local_rank]
+    return replace(cfg, device=device, tensorboard=cfg.tensorboard if rank.rank == 0 else None)
+
+
+def add_actor(proc: RoleProcess, cfg: TrainConfig, events: EventBus, metrics: Metrics | None, index: int, *,
+              name: str | None = None, board: str | None = None, lag=None, flow=None) -> Actor:
+    """Actor ``index`` (id ``name``, default ``actor-<index>``) held by ``proc``: its fragments
+    counted in the progress and TensorBoard run ``board`` (default: its id) with policy lag
+    ``lag(batch)`` (``RoleProcess.batch_hook``), its policy latencies in ``proc.latencies``."""
+    name = name or f"actor-{index}"
+    actor = build_actor(cfg, events, metrics, index, on_batch=proc.batch_hook(board or name, lag), log=proc.log,
+                        flow=flow, on_latency=proc.latencies, actor_id=name)
+    return proc.add(name, actor)
+
+
+def add_prepare_worker(proc: RoleProcess, cfg: TrainConfig, events: EventBus, metrics: Metrics | None):
+    """The in-process stream processor (``build_prepare_worker``) held by ``proc`` as ``streams``."""
+    return proc.add("streams", build_prepare_worker(cfg, events, metrics))
+
+
+def add_learner(proc: RoleProcess, cfg: TrainConfig, events: EventBus, metrics: Metrics | None, *,
+                name: str = "learner", rank: RankEnv | None = None, bus: Bus | None = None,
+                stop: threading.Event | None = None) -> Learner:
+    """The learner of ``cfg``, started (resumed with ``cfg.resume``) and held by ``proc``: its
+    updates move the progress and the TensorBoard run ``learner``; it takes a last snapshot when
+    it closes once the roles were driven (not after a lost peer). ``rank`` (decoupled): one of the
+    run's ranks, with its data-parallel group (``build_data_parallel``), the backlog breaker and
+    the stream processors' lag on ``bus`` as its signal; its progress counts samples trained."""
+    info = env_info(cfg)
+    algo = build_algo(cfg, info.obs_dim, info.act_dim, info.nvec)
+    parallel = breaker = lag = None
+    if rank is not None:
+        parallel = build_data_parallel(cfg, algo, rank, stop or threading.Event())
+        breaker = build_backlog_breaker(cfg, metrics)
+        lag = consumer_lag_gauge(metrics, bus, STREAMS_GROUP, SAMPLES_RAW) if metrics is not None else None
+    learner = build_learner(cfg, events, metrics, algo, on_update=proc.update_hook(steps_trained=rank is not None),
+                            breaker=breaker, lag_signal=lag, parallel=parallel,
+                            gpu_util=proc.gpu.utilization if proc.gpu is not None else None)
+
+    def close() -> None:
+        if proc.ran and learner.snapshots is not None and learner.stats.updates and not learner.ranks.broken:
+            learner.snapshot()  # (a lost peer: the last snapshot stands)
+        learner.close()
+        if parallel is not None:
+            from learner import distributed
+
+            distributed.close_group()
+
+    proc.add(name, learner, close=close)
+    learner.start(resume=cfg.resume)
+    return learner
 
 
 @dataclass
