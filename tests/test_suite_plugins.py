@@ -470,3 +470,42 @@ def test_a_groups_reassignments_are_read_from_the_broker_and_bound_what_is_hande
         assert again == 3 == handed_again_at_most(generations.reassignments(), 0, 3)
     finally:
         admin.delete_topics([topic])
+
+
+TERMINATED = """
+import os, shutil, subprocess, time, pytest
+
+@pytest.fixture(scope="session")
+def server():
+    proc = subprocess.Popen([shutil.which("sleep"), "3001"], start_new_session=True)
+    open("server.pid", "w").write(str(proc.pid))
+    yield proc
+    proc.kill()
+
+def test_runs_until_terminated(server):
+    open("started", "w").write("yes")
+    time.sleep(600)  # the outer test's SIGTERM ends this run
+"""
+
+
+def test_a_terminated_run_still_ends_its_sessions_processes(tmp_path):
+    """A CI stage's budget ends pytest with SIGTERM (``timeout --signal=TERM``): the run is
+    interrupted as by Ctrl-C and still reaps what its session fixtures started (a broker)."""
+    (tmp_path / "test_inner.py").write_text(TERMINATED)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "tests.support.reaper", "-q",
+                          "test_inner.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+    try:
+        wait_for(lambda: (tmp_path / "started").exists(), 120, "the inner test to start")
+        server = int((tmp_path / "server.pid").read_text())
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert "KeyboardInterrupt" in out, out[-3000:]
+    gone = wait_for(lambda: not os.path.exists(f"/proc/{server}") or open(f"/proc/{server}/stat").read().split()[2]
+                    == "Z" or None, 10, "the session's server to be gone")
+    assert gone

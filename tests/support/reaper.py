@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -203,7 +204,19 @@ def _session_mark(config: pytest.Config) -> str:
     return config.stash[_SESSION]
 
 
+_SIGTERM = pytest.StashKey[object]()  # the SIGTERM handler before this plugin's
+
+
+def _interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    # A SIGTERM (a CI stage's budget: ``timeout --signal=TERM``) interrupts the run as Ctrl-C
+    # does, so pytest still unconfigures and the session's processes (its brokers) are reaped;
+    # by default it would end this process at once and leave them running.
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        config.stash[_SIGTERM] = signal.signal(signal.SIGTERM, _interrupted)
     # multiprocessing's resource tracker serves this process all session long (a spawned child
     # registers its semaphores with it): started now, before the session's mark, it is never reaped.
     from multiprocessing import resource_tracker
@@ -224,6 +237,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     mark = config.stash.get(_SESSION, None)
     if mark is not None:
         reap(mark)  # the session's brokers and whatever a fixture of a wider scope left
+    if _SIGTERM in config.stash:
+        signal.signal(signal.SIGTERM, config.stash[_SIGTERM])
 
 
 @pytest.hookimpl(wrapper=True)
