@@ -52,6 +52,7 @@ from localkafka.paths import (
 )
 from localkafka.probe import _ReadyWatch, port_is_free, probe
 from localkafka.render import render_properties, server_properties
+from localkafka.security import Security, scram_format_args
 
 DEFAULT_START_TIMEOUT = 120.0
 DEFAULT_STOP_TIMEOUT = 30.0
@@ -127,10 +128,13 @@ class LocalKafka:
         node_id: int = 1,
         voters: str | None = None,
         cluster_id: str | None = None,
+        security: Security | None = None,
     ) -> None:
         """``node_id``, ``voters`` (every node's ``id@host:controller_port``) and ``cluster_id``
         (one 22-character id shared by the nodes, :func:`new_cluster_id`): this node's place in
-        a cluster; by default a cluster of this node alone with a random id."""
+        a cluster; by default a cluster of this node alone with a random id. ``security``: TLS and
+        SASL listeners beside the PLAINTEXT one, and their accounts (``localkafka.security``;
+        SCRAM accounts are stored when the node is formatted)."""
         self.env = env or Environment.read()  # RLSTREAM_KAFKA_VERSION / _JAVA_OPTS, read once
         self.node_id = int(node_id)
         self.voters = voters
@@ -145,12 +149,23 @@ class LocalKafka:
         self.extra_properties = dict(extra_properties or {})
         self.heap = tuple(heap)
         self.quiet = quiet
+        self.security = security
         self._proc: subprocess.Popen | None = None
 
     # -- paths
     @property
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def listener(self, protocol: str) -> str:
+        """The bootstrap address of this node's ``protocol`` listener (``SSL``, ``SASL_SSL``,
+        ``SASL_PLAINTEXT``; ``PLAINTEXT``: :attr:`bootstrap`); BrokerError if it has none."""
+        if protocol == "PLAINTEXT":
+            return self.bootstrap
+        port = (self.security.listeners() if self.security else {}).get(protocol)
+        if port is None:
+            raise BrokerError(f"this node has no {protocol} listener (LocalKafka(security=...))")
+        return f"{self.host}:{port}"
 
     @property
     def log_dirs(self) -> Path:
@@ -237,7 +252,7 @@ class LocalKafka:
         props = server_properties(
             port=self.port, controller_port=self.controller_port, log_dir=self.log_dirs,
             version=self.version, node_id=self.node_id, voters=self.voters,
-            extra=self.extra_properties, host=self.host)
+            extra=self.extra_properties, host=self.host, security=self.security)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         _atomic_write(self.properties_path, render_properties(props))
         return self.properties_path
@@ -265,11 +280,14 @@ class LocalKafka:
         self.write_properties()
         cid = self.cluster_id or new_cluster_id()
         cmd = [java, "-Xmx256m", *self._log_opts(), "-cp", str(lib_dir(self.version) / "*"),
-               "kafka.tools.StorageTool", "format", "-t", cid, "-c", str(self.properties_path)]
+               "kafka.tools.StorageTool", "format", "-t", cid, "-c", str(self.properties_path),
+               *scram_format_args(self.security)]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if res.returncode != 0:
-            raise BrokerError(f"kafka StorageTool format failed (exit {res.returncode}):\n"
-                              f"{_tail(res.stdout + res.stderr)}")
+            out = _tail(res.stdout + res.stderr)
+            for password in (self.security.scram_users.values() if self.security else ()):
+                out = out.replace(password, "***")
+            raise BrokerError(f"kafka StorageTool format failed (exit {res.returncode}):\n{out}")
         self._say(f"formatted {self.log_dirs} (cluster id {cid})")
 
     def wipe(self) -> None:

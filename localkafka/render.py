@@ -10,6 +10,7 @@ from typing import Mapping, NamedTuple, Sequence
 
 from config.limits import MAX_MESSAGE_BYTES
 from localkafka.paths import HOST, KAFKA_VERSION, BrokerError, major_version, maven_coordinates
+from localkafka.security import Security, security_properties
 
 # Loggers that flood a dev broker's log at INFO.
 NOISY_LOGGERS = (
@@ -124,6 +125,7 @@ def server_properties(
     voters: str | None = None,
     extra: Mapping[str, object] | None = None,
     host: str = HOST,
+    security: Security | None = None,
 ) -> dict[str, str]:
     """Settings for a combined broker+controller listening on and advertising ``host``
     (127.0.0.1 unless told: a simulated host's address in ``testbed/netns.py``).
@@ -132,7 +134,10 @@ def server_properties(
     (``id@host:controller_port,...``); None: this node alone. The internal topics' replication
     (consumer offsets, transaction state) and the topic defaults (``default.replication.factor``,
     ``min.insync.replicas``) follow the number of voters: ``min(3, N)`` copies, and 2 of them
-    in sync when there are 2 or more (a single node keeps Kafka's defaults)."""
+    in sync when there are 2 or more (a single node keeps Kafka's defaults).
+
+    ``security``: TLS and SASL listeners beside the PLAINTEXT one (``localkafka.security``),
+    appended to the listeners; ``extra`` is applied last and wins over everything."""
     voters = voters or f"{node_id}@{host}:{controller_port}"
     copies = cluster_replication(len(quorum_nodes(voters)))
     props: dict[str, object] = {
@@ -172,6 +177,14 @@ def server_properties(
     if major_version(version) >= 4:
         props["share.coordinator.state.topic.replication.factor"] = copies.factor
         props["share.coordinator.state.topic.min.isr"] = copies.min_insync
+    for key, value in security_properties(security, host).items() if security else ():
+        if key.startswith("+"):  # appended to the PLAINTEXT listener's entry
+            key = key[1:]
+            props[key] = f"{props[key]},{value}"
+            if key == "listeners":
+                props["advertised.listeners"] = f"{props['advertised.listeners']},{value}"
+        else:
+            props[key] = value
     if extra:
         props.update(extra)
     return {k: str(v) for k, v in props.items()}
