@@ -164,6 +164,10 @@ class BusConfig:
             replication = Replication(*env.replication())
         except ValueError as e:
             raise SystemExit(str(e)) from None
+        try:
+            security = env.kafka_security()
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
         group = learner_group or env.learner_group or DEFAULT_LEARNER_GROUP
         try:
             check_group(group)
@@ -178,5 +182,5 @@ class BusConfig:
                        else run_namespace(run_dir) or "").strip(),
             learner_group=group,
             replication=replication,
-            security=env.kafka_security(),
+            security=security,
         )

@@ -93,6 +93,46 @@ ENV_VARS: tuple[str, ...] = (
 _KAFKA_TOOL_VARS = (ENV_KAFKA_VERSION, ENV_KAFKA_JAVA_OPTS)
 
 
+#: The Kafka clients' security protocols and the SASL mechanisms both kinds of client speak
+#: (librdkafka: the roles and the in-process shell; aiokafka: the Faust shell).
+KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+#: librdkafka settings naming a file the client reads at start (a CA, a certificate, a key).
+_KAFKA_FILES = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location")
+
+
+def check_kafka_security(conf: Mapping[str, str], names: Mapping[str, str] | None = None, *,
+                         complete: bool = True) -> None:
+    """``ValueError`` for security settings no Kafka client could use: a protocol other than
+    ``KAFKA_PROTOCOLS``, a SASL mechanism other than ``SASL_MECHANISMS``; with ``complete`` (the
+    settings a client is about to be made with) also a SASL protocol without a mechanism, username
+    or password, and a certificate or key file that cannot be read. The message names the
+    variable (``names``: setting -> variable; else ``RLSTREAM_KAFKA_`` + the setting), never a
+    password."""
+    def var(key: str) -> str:
+        return (names or {}).get(key) or ENV_KAFKA_PREFIX + key.upper().replace(".", "_")
+
+    protocol = conf.get("security.protocol", "PLAINTEXT").strip().upper() or "PLAINTEXT"
+    if protocol not in KAFKA_PROTOCOLS:
+        raise ValueError(f"{var('security.protocol')}={conf['security.protocol']!r}: use one of "
+                         f"{', '.join(KAFKA_PROTOCOLS)}")
+    mechanism = (conf.get("sasl.mechanism") or conf.get("sasl.mechanisms") or "").strip().upper()
+    if mechanism and mechanism not in SASL_MECHANISMS:
+        raise ValueError(f"{var('sasl.mechanism')}={mechanism!r}: use one of {', '.join(SASL_MECHANISMS)}")
+    if not complete:
+        return
+    if protocol.startswith("SASL_"):
+        missing = [var(k) for k in ("sasl.mechanism", "sasl.username", "sasl.password")
+                   if not conf.get(k) and not (k == "sasl.mechanism" and conf.get("sasl.mechanisms"))]
+        if missing:
+            raise ValueError(f"{var('security.protocol')}={protocol} logs in with a password: set {', '.join(missing)}")
+    for key in _KAFKA_FILES:
+        path = conf.get(key, "").strip()
+        if path and not os.access(path, os.R_OK):
+            why = "no such file" if not os.path.exists(path) else "not readable by this user"
+            raise ValueError(f"{var(key)}={path}: {why}")
+
+
 @dataclass(frozen=True)
 class RankEnv:
     """torchrun's variables: the rank, the world, and whether a launcher set them."""
@@ -221,14 +261,21 @@ class Environment:
 
     def kafka_security(self) -> dict[str, str]:
         """librdkafka security settings: ``RLSTREAM_KAFKA_SASL_MECHANISM`` -> ``sasl.mechanism``
-        (underscores become dots); only ``security.protocol``, ``sasl.*`` and ``ssl.*`` pass."""
+        (underscores become dots); only ``security.protocol``, ``sasl.*`` and ``ssl.*`` pass.
+
+        ``ValueError`` naming the variable for a value no client could use: a protocol other than
+        ``KAFKA_PROTOCOLS``, a SASL mechanism other than ``SASL_MECHANISMS``. Whether the files
+        and the login are there is checked where a client is made (``check_kafka_security``
+        with ``complete=True``): settings may be completed in code."""
         out: dict[str, str] = {}
+        where: dict[str, str] = {}
         for name, value in self.values.items():
             if not name.startswith(ENV_KAFKA_PREFIX) or name in _KAFKA_TOOL_VARS:
                 continue
             key = name[len(ENV_KAFKA_PREFIX):].lower().replace("_", ".")
             if key == "security.protocol" or key.startswith(("sasl.", "ssl.")):
-                out[key] = value
+                out[key], where[key] = value, name
+        check_kafka_security(out, where, complete=False)
         return out
 
     def rank(self) -> RankEnv:

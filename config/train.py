@@ -446,7 +446,11 @@ def read_config(path: str | Path, env: Environment | None = None) -> TrainConfig
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise SystemExit(f"config file {path}: {e}") from None
     if env is not None:
-        cfg = replace(cfg, bus=replace(cfg.bus, security=env.kafka_security()),
+        try:
+            security = env.kafka_security()
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        cfg = replace(cfg, bus=replace(cfg.bus, security=security),
                       object_store=ObjectStoreConfig.from_environment(env))
     return cfg
 

@@ -16,6 +16,7 @@ from typing import Any
 from confluent_kafka import Consumer as _RdConsumer, KafkaError, Producer as _RdProducer
 from confluent_kafka.admin import AdminClient
 
+from config.env import check_kafka_security
 from config.limits import DEFAULT_BOOTSTRAP, MAX_MESSAGE_BYTES
 
 from streams.bus.base import BusAuthenticationError, BusError
@@ -77,9 +78,9 @@ REPLICATED_CLIENT_DEFAULTS: dict[str, Any] = {"reconnect.backoff.max.ms": 1000}
 # A flush that times out while the broker is unreachable (a restart) waits this much longer for
 # the broker: librdkafka keeps the records queued, they are delivered once it is back.
 OUTAGE_WAIT_S = 120.0
-# A refused login that persists this long (nothing succeeding meanwhile) fails the operation
-# waiting on the broker with BusAuthenticationError; shorter ones (a broker that has not loaded
-# its SCRAM credentials yet) are ridden out.
+# A refused login or TLS handshake that persists this long (nothing succeeding meanwhile) fails
+# the operation waiting on the broker with BusAuthenticationError; shorter ones (a broker that
+# has not loaded its SCRAM credentials yet) are ridden out.
 AUTH_GRACE_S = 2.0
 _KEEP_ERRORS = 100  # delivery errors kept for the report in flush (all are counted)
 
@@ -118,6 +119,41 @@ def broker_unreachable(bootstrap: str, wait_s: float = BROKER_WAIT_S) -> str | N
         if time.monotonic() >= deadline:
             return why
         time.sleep(0.25)
+
+
+#: What librdkafka says when a TLS handshake is refused (an untrusted broker certificate, a
+#: client certificate the broker wants and did not get or does not trust, TLS to a plaintext
+#: listener). ``_SSL`` errors always are; a ``_TRANSPORT`` error only with one of these.
+_TLS_REFUSED = ("SSL handshake failed", "certificate verify failed", "alert certificate required",
+                "alert bad certificate", "alert unknown ca", "alert handshake failure")
+_AFTER = re.compile(r"\s*\(after \d+ms in state [A-Z_]+\)$")
+
+
+def refused_security(err: KafkaError) -> str | None:
+    """``"login"`` when ``err`` is the broker refusing the SASL credentials, ``"tls"`` when it is a
+    refused TLS handshake (``_TLS_REFUSED``), else None."""
+    code = err.code()
+    if code == KafkaError._AUTHENTICATION:
+        return "login"
+    if code == KafkaError._SSL or (code == KafkaError._TRANSPORT and any(t in err.str() for t in _TLS_REFUSED)):
+        return "tls"
+    return None
+
+
+def refusal_message(bootstrap: str, conf: dict[str, Any], err: KafkaError) -> str:
+    """One line: what Kafka at ``bootstrap`` refused, with the settings in use (never a password
+    or a key's), librdkafka's reason, and the variables to check."""
+    tls = refused_security(err) == "tls"
+    keys = (("security.protocol", "ssl.ca.location", "ssl.certificate.location", "ssl.endpoint.identification.algorithm")
+            if tls else ("security.protocol", "sasl.mechanism", "sasl.mechanisms", "sasl.username"))
+    used = ", ".join(f"{k}={conf[k]}" for k in keys if k in conf) or "no security settings"
+    reason = _AFTER.sub("", err.str())
+    if tls:
+        return (f"Kafka at {bootstrap} refused the TLS connection ({used}): {reason}; check "
+                "RLSTREAM_KAFKA_SSL_CA_LOCATION (the CA that signed the broker's certificate) and, where the "
+                "broker asks for one, RLSTREAM_KAFKA_SSL_CERTIFICATE_LOCATION / RLSTREAM_KAFKA_SSL_KEY_LOCATION")
+    return (f"Kafka at {bootstrap} refused the credentials ({used}): {reason}; "
+            "check RLSTREAM_KAFKA_SECURITY_PROTOCOL and RLSTREAM_KAFKA_SASL_* / RLSTREAM_KAFKA_SSL_*")
 
 
 class KafkaClients:
@@ -181,10 +217,16 @@ class KafkaClients:
 
     # -- clients, made once a broker accepts a connection ----------------------------------
     def _reach(self) -> None:
-        """Raise ``NoBrokerError`` unless some bootstrap address accepts a TCP connection within
+        """Raise ``BusAuthenticationError`` for security settings no client could use (a SASL
+        protocol without a password, a CA file that is not there: ``check_kafka_security``), and
+        ``NoBrokerError`` unless some bootstrap address accepts a TCP connection within
         ``BROKER_WAIT_S``; checked once per bus, before its first client is made."""
         if self._reached:
             return
+        try:
+            check_kafka_security({k: str(v) for k, v in self.common.items() if isinstance(v, str)})
+        except ValueError as e:
+            raise BusAuthenticationError(f"cannot connect to Kafka at {self.bootstrap}: {e}") from None
         why = broker_unreachable(self.bootstrap)
         if why is not None:
             raise NoBrokerError(self.bootstrap, why)
@@ -234,9 +276,10 @@ class KafkaClients:
 
     # -- authentication ---------------------------------------------------------------------
     def _note_auth(self, err: KafkaError) -> None:
-        """Remember a refused login (any client's error callback): librdkafka only logs it and
-        retries forever, so without this a wrong password looks like a broker that times out."""
-        if err.code() == KafkaError._AUTHENTICATION:
+        """Remember a refused login or TLS handshake (any client's error callback): librdkafka
+        only logs it and retries forever, so without this a wrong password or an untrusted
+        certificate looks like a broker that times out."""
+        if refused_security(err) is not None:
             if self._auth_error is None:
                 self._auth_since = time.monotonic()
             self._auth_error = err
@@ -254,12 +297,7 @@ class KafkaClients:
         err = self._auth_error
         if err is None or time.monotonic() - self._auth_since < AUTH_GRACE_S:
             return
-        c = self.common
-        used = ", ".join(f"{k}={c[k]}" for k in ("security.protocol", "sasl.mechanism", "sasl.mechanisms",
-                                                   "sasl.username") if k in c) or "no security settings"
-        raise BusAuthenticationError(
-            f"Kafka at {self.bootstrap} refused the credentials ({used}): {err.str()}; "
-            "check RLSTREAM_KAFKA_SECURITY_PROTOCOL and RLSTREAM_KAFKA_SASL_* / RLSTREAM_KAFKA_SSL_*")
+        raise BusAuthenticationError(refusal_message(self.bootstrap, self.common, err))
 
     def _wait(self, fut: Any, timeout: float) -> Any:
         """``fut.result()``, failing fast with ``BusAuthenticationError`` on a refused login."""
