@@ -150,10 +150,14 @@ def _missing(devices: list[str], problems: list[str]) -> tuple[list[str], int] |
     return (missing, have) if missing else None
 
 
-def check_redis(snapshot_store: str | None, redis_url: str | None, timeout_s: float = 3.0) -> None:
+def check_redis(snapshot_store: str | None, redis_url: str | None, timeout_s: float = 3.0, *,
+                unreachable_ok: bool = False) -> None:
     """Refuse (``SystemExit``, one line) a run whose Redis does not answer a PING within
     ``timeout_s``: the snapshot store's (``redis://`` ``--snapshot-store``) or the claim checks'
-    (``--redis-url``, ``REDIS_URL``), before the run directory is made. Passwords are never shown."""
+    (``--redis-url``, ``REDIS_URL``), before the run directory is made. Passwords are never shown.
+    ``unreachable_ok`` (a role, which a supervisor may restart while Redis restarts too): only a
+    Redis that refuses the password is refused; one that does not answer is left to the role's
+    own retries."""
     from urllib.parse import urlsplit, urlunsplit
 
     for url, flag in ((snapshot_store, "--snapshot-store (or RLSTREAM_SNAPSHOT_STORE)"),
@@ -172,6 +176,8 @@ def check_redis(snapshot_store: str | None, redis_url: str | None, timeout_s: fl
             raise SystemExit(f"Redis at {shown} ({flag}) refused the credentials ({e}): put the right password "
                              "in the URL (redis://:PASSWORD@host:port/0)") from None
         except (redis.exceptions.RedisError, OSError) as e:
+            if unreachable_ok:
+                continue
             raise SystemExit(f"no Redis answers at {shown} ({flag}): {str(e).rstrip('.')}; start one there "
                              f"(redis-server --port {parts.port or 6379}) or point {flag.split()[0]} at one") from None
         finally:

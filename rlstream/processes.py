@@ -12,6 +12,7 @@ from typing import Any
 from rlstream import wiring
 from config import TrainConfig, write_config
 from config.env import RankEnv
+from rlstream.guide import check_redis
 from rlstream.harness import RoleProcess
 from runtime.logging import bind_policy_version
 from runtime.metrics import Metrics
@@ -31,6 +32,7 @@ def run_actor(cfg: TrainConfig, index: int | None, log: Any = None, stop: thread
     the loop heartbeats while it waits for a policy version, room, or a stalled learner.
     ``index`` None: the id is ``<host>-<generation>`` (``actor.identity.register``)."""
     wiring.set_threads(cfg)
+    check_redis(None, cfg.redis_url, unreachable_ok=True)  # a wrong password: one line, exit 2
     metrics = metrics or Metrics(role="actor")
     bus = wiring.build_bus(cfg.bus)
     if index is None:
@@ -82,6 +84,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
     stop = stop or threading.Event()
     metrics = metrics or Metrics(role="learner")
     cfg = wiring.rank_config(cfg, rank)
+    check_redis(cfg.snapshot_url(), cfg.redis_url, unreachable_ok=True)  # a wrong password: one line, exit 2
     bus = wiring.build_bus(cfg.bus)
     events = wiring.build_events(bus, metrics)
     # the learner is the role that holds the GPU

@@ -155,6 +155,8 @@ class RedisBlobStore:
     loader decodes in place (redis-py's parser copies a reply of tens of MB several times)."""
 
     url: str
+    """The store's URL as given; after construction, with any password replaced by ``***``: it
+    goes into every claim check (``ClaimCheck.store``, on the bus) and every error message."""
     timeout_s: float = 30.0
     retry: FetchRetry = DEFAULT_RETRY
 
@@ -167,6 +169,7 @@ class RedisBlobStore:
         self._r = redis.Redis.from_url(self.url, socket_timeout=self.timeout_s, socket_connect_timeout=10.0,
                                        retry=Retry(NoBackoff(), 0))  # FetchRetry is the one retry
         self._at = parse_url(self.url)
+        self.url = redact_url(self.url)
 
     def put(self, key: str, data: bytes) -> None:
         self.retry.call(lambda: self._r.set(key, data), f"writing claim-check key {key} to {self.url}",
@@ -230,6 +233,17 @@ class HostCachedStore:
             raise PolicyLoadError(f"claim-checked weights {ref.key}: {e}") from e
         except CacheWriteError:
             return _checked(self.store.get(ref.key), ref, f"claim-checked weights {ref.key}")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user, host = parts.username or "", parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def open_blob_store(url: str | None, cache_dir: str | None = None) -> RedisBlobStore | HostCachedStore | None:
