@@ -16,7 +16,9 @@ Prints one JSON document with, per run:
   ``sps_wall`` = samples trained / wall time including start-up. Target: decoupled >= 70 % of
   co-located (``decoupled_vs_colocated``, steady).
 - policy latency: learner publish -> actor adoption (what ``rlstream_policy_latency_seconds``
-  observes; exact quantiles here). Target: decoupled p99 < 100 ms.
+  observes; exact quantiles here). Target: decoupled p99 < 100 ms. ``policy_latency_parts_ms``:
+  where it went (docs/explanation/policy-latency.md); ``inflight_swaps``: versions the actor took
+  within a fragment, ``cut_fragments``: fragments it ended early for one.
 - freshness: % of samples within the staleness window at the stream processors. Targets:
   decoupled > 70 %, co-located > 95 %.
 

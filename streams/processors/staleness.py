@@ -10,6 +10,11 @@ the latest ``PolicyVersion`` seen, or (if ``max_ms`` (T) is set) older than T ms
   ``decay(over_versions, over_ms) -> weight`` callable. Once the weight falls below
   ``min_weight`` the batch is dropped like in ``drop`` mode (the larger factor names the reason).
 
+A fragment collected across an in-flight weight update (``SampleBatch.step_versions``) is judged
+by its oldest step, ``policy_version``: never fresher than any of its steps. Per-step weighting
+happens downstream (importance weights from the per-step log-probs; the learner's per-step lag,
+``learner.batching.step_staleness``).
+
 Nothing here does I/O; ``clock`` (ms) is injected so tests are deterministic::
 
     w = StalenessWindow(max_versions=4, max_ms=30_000, mode="drop")
