@@ -68,7 +68,9 @@ ENV_PROCESS = "RLSTREAM_PROCESS"
 #: from it instead of flags and the variables above.
 ENV_CONFIG = "RLSTREAM_CONFIG"
 #: Prefix of the Kafka client security settings: ``RLSTREAM_KAFKA_SECURITY_PROTOCOL`` ->
-#: ``security.protocol``, ``RLSTREAM_KAFKA_SASL_USERNAME`` -> ``sasl.username`` (``kafka_security``).
+#: ``security.protocol``, ``RLSTREAM_KAFKA_SASL_USERNAME`` -> ``sasl.username``,
+#: ``RLSTREAM_KAFKA_SSL_CA_LOCATION`` -> ``ssl.ca.location`` (``kafka_security``): TLS with a CA and
+#: optionally a client certificate, SASL PLAIN or SCRAM-SHA-256/512 (docs/howto/security.md).
 ENV_KAFKA_PREFIX = "RLSTREAM_KAFKA_"
 #: Pod or host name (the actor id's host part).
 ENV_HOSTNAME = "HOSTNAME"
