@@ -94,6 +94,29 @@ def test_a_newer_policy_acts_from_the_next_step_within_the_fragment(events):
     np.testing.assert_array_equal(back.step_versions, b0.step_versions)
 
 
+def test_a_policy_without_the_numpy_sampler_swaps_in_flight_too(events):
+    """A categorical policy acts through ``Policy.act`` step by step: the steps after the swap
+    carry the new version's actions' log-probs as well."""
+    def categorical(seed: int) -> Policy:
+        torch.manual_seed(seed)
+        p = Policy(4, 1, hidden=(16,), nvec=(2,), normalize_obs=False)
+        with torch.no_grad():
+            for prm in p.parameters():
+                prm.add_(torch.randn_like(prm) * 0.5)
+        return p.eval()
+
+    p0, p1 = categorical(0), categorical(1)
+    sub = PublishAt(events, "policy", "actor", at=3, pending=(1, p1))
+    actor = Actor(ActorConfig(env_id="CartPole-v1", num_envs=2, fragment_steps=32, swap_every=8,
+                              swap_every_s=1e9), sub, events)
+    publish(events, 0, p0)
+    b = actor.step()
+    np.testing.assert_array_equal(b.step_versions, [0] * 16 + [1] * 16)
+    np.testing.assert_allclose(b.behaviour_logp[:16], logp_of(p0, b, slice(0, 16)), atol=1e-5)
+    np.testing.assert_allclose(b.behaviour_logp[16:], logp_of(p1, b, slice(16, 32)), atol=1e-5)
+    assert not np.allclose(b.behaviour_logp[16:], logp_of(p0, b, slice(16, 32)), atol=1e-3)
+
+
 def test_looks_by_time_whatever_the_step_count(events):
     """``swap_every_s`` 0: a look after every step, so a version published before the 5th poll
     acts from step 4 even though ``swap_every`` steps never pass."""
