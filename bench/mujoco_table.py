@@ -69,14 +69,14 @@ def _one(job: tuple[str, str, int, int, str, int, str]) -> dict:
     from config import TrainConfig
 
     path = _result_file(Path(out), algo, env_id, seed)
-    load_before = round(os.getloadavg()[0], 2)
+    load_before, commit = round(os.getloadavg()[0], 2), _commit()  # the tree the run imports
     result = train_one(algo, env_id, steps, seed, path.parent, episodes, preset=preset)
     result.update(env=env_id, preset=TrainConfig(algo=algo, env_id=env_id, preset=preset).preset_name())
     learner = path.parent / f"{algo}-seed{seed}" / "learner.summary.json"
     if learner.exists():  # which update path ran (captured or eager), and its compile time
         result["capture"] = json.loads(learner.read_text()).get("capture")
     result["loadavg_1m"] = {"start": load_before, "end": round(os.getloadavg()[0], 2)}
-    result["commit"] = _commit()
+    result["commit"] = commit
     write_json(path, result)
     return result
 
@@ -165,6 +165,8 @@ def append(results: Path, section: str, runs: list[dict], note: str = "") -> dic
     new = {_key(r): r for r in runs}
     sec["runs"] = [r for r in sec.get("runs", []) if _key(r) not in new] + list(new.values())
     sec["rows"] = section_rows(sec["runs"])
+    doc["row_stats"] = ("rows: mean, sample std (n - 1) and 95 % t-interval of the mean over seeds, and the "
+                        "per-seed values (bench/mujoco_table.py seed_stats)")
     if note:
         sec.setdefault("notes", []).append(note)
     write_json(results, doc)
