@@ -74,6 +74,56 @@ def streams_cmd(cfg: TrainConfig, index: int) -> list[str]:
 DRAIN_CHECK_S = 1.0
 
 
+def _spawn(cfg: TrainConfig, sup: Supervisor, commands: dict[str, list[str]], log: Any) -> None:
+    """Start every child, each with its metrics and ``/healthz`` port, and list the ports for
+    Prometheus (``write_scrape_targets``)."""
+    ports = metrics_ports(list(commands))
+    for name, cmd in commands.items():
+        health = f"http://127.0.0.1:{ports[name]}{LIVENESS_PROBE.path}"  # every child serves /healthz
+        if name.startswith("streams"):  # the Faust worker takes its web port from the environment
+            sup.spawn(name, cmd, env={ENV_METRICS_PORT: str(ports[name])}, health_url=health)
+        else:
+            sup.spawn(name, [*cmd, "--metrics-port", str(ports[name])], health_url=health)
+    write_scrape_targets(cfg, ports)
+    if log is not None:
+        log.info("decoupled_started", processes=sorted(sup.procs), logs=str(cfg.run_dir),
+                 namespace=cfg.bus.namespace or "(legacy)", partitions=cfg.bus.partitions,
+                 max_restarts=cfg.max_restarts, liveness_probes=cfg.liveness_probes)
+
+
+def _wait(cfg: TrainConfig, sup: Supervisor, monitor: RunMonitor, actors: list[str], stop: threading.Event,
+          log: Any) -> tuple[int | None, str]:
+    """Supervise the children, with a progress line every ``log_every_s``, until the learner
+    exits 0 (``learner_done``), it has trained nothing for ``drain_s`` after every actor spent its
+    budget (``drained``) or ``stop`` (``stopped``); returns the learner's exit code and why."""
+    procs = sup.procs
+    drain_s = max(30.0, 3 * min(cfg.log_every_s, 60.0))  # children write their state every second
+    next_line = time.monotonic() + cfg.log_every_s
+    next_check = time.monotonic() + DRAIN_CHECK_S
+    drained: tuple[int, float] | None = None  # (learner updates, since) once every actor is done
+    while not stop.is_set():
+        if "learner" not in sup.pending and procs["learner"].poll() == 0:
+            return 0, "learner_done"
+        sup.check(done_ok={"learner", *actors})  # 0: the learner or an actor spent its budget
+        if time.monotonic() >= next_check:  # drain checks do not wait for progress lines
+            next_check = time.monotonic() + DRAIN_CHECK_S
+            if time.monotonic() >= next_line:
+                next_line = time.monotonic() + cfg.log_every_s
+                updates = monitor.log_line()["updates"]
+            else:
+                updates = monitor.learner_updates()
+            if not any(sup.alive(n) for n in actors):
+                if drained is None or drained[0] != updates:
+                    drained = (updates, time.monotonic())
+                elif time.monotonic() - drained[1] > drain_s:
+                    if log is not None:
+                        log.info("learner_drained", updates=updates,
+                                 note=f"actors spent their budget; no update for {drain_s:.0f}s")
+                    return None, "drained"
+        stop.wait(0.5)
+    return None, "stopped"
+
+
 def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | None = None,
                   env: Environment | None = None) -> dict[str, Any]:
     """Start the learner, ``stream_workers`` Faust workers and ``num_actors`` actors in
@@ -101,46 +151,10 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     commands = child_commands(cfg, config_path)
     monitor = RunMonitor(cfg, bus, actors, log, restarts=sup.restarts,
                          streams=[n for n in commands if n.startswith("streams")])
-    drain_s = max(30.0, 3 * min(cfg.log_every_s, 60.0))  # children write their state every second
     rc, ended = None, "stopped"  # why the run ended: learner_done, drained or stopped (a signal)
     try:
-        ports = metrics_ports(list(commands))
-        for name, cmd in commands.items():
-            health = f"http://127.0.0.1:{ports[name]}{LIVENESS_PROBE.path}"  # every child serves /healthz
-            if name.startswith("streams"):  # the Faust worker takes its web port from the environment
-                sup.spawn(name, cmd, env={ENV_METRICS_PORT: str(ports[name])}, health_url=health)
-            else:
-                sup.spawn(name, [*cmd, "--metrics-port", str(ports[name])], health_url=health)
-        write_scrape_targets(cfg, ports)
-        if log is not None:
-            log.info("decoupled_started", processes=sorted(procs), logs=str(cfg.run_dir),
-                     namespace=cfg.bus.namespace or "(legacy)", partitions=cfg.bus.partitions,
-                     max_restarts=cfg.max_restarts, liveness_probes=cfg.liveness_probes)
-        next_line = time.monotonic() + cfg.log_every_s
-        next_check = time.monotonic() + DRAIN_CHECK_S
-        drained: tuple[int, float] | None = None  # (learner updates, since) once every actor is done
-        while not stop.is_set():
-            if "learner" not in sup.pending and procs["learner"].poll() == 0:
-                rc, ended = 0, "learner_done"
-                break
-            sup.check(done_ok={"learner", *actors})  # 0: the learner or an actor spent its budget
-            if time.monotonic() >= next_check:  # drain checks do not wait for progress lines
-                next_check = time.monotonic() + DRAIN_CHECK_S
-                if time.monotonic() >= next_line:
-                    next_line = time.monotonic() + cfg.log_every_s
-                    updates = monitor.log_line()["updates"]
-                else:
-                    updates = monitor.learner_updates()
-                if not any(sup.alive(n) for n in actors):
-                    if drained is None or drained[0] != updates:
-                        drained = (updates, time.monotonic())
-                    elif time.monotonic() - drained[1] > drain_s:
-                        if log is not None:
-                            log.info("learner_drained", updates=updates,
-                                     note=f"actors spent their budget; no update for {drain_s:.0f}s")
-                        ended = "drained"
-                        break
-            stop.wait(0.5)
+        _spawn(cfg, sup, commands, log)
+        rc, ended = _wait(cfg, sup, monitor, actors, stop, log)
         monitor.log_line()
     finally:
         bus.close()

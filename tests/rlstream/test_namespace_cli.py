@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlstream.cli import _tool_bus, build_parser, train_config
+from rlstream.cli import build_parser, train_config
+from rlstream.cli_tools import tool_bus
 
 
 @pytest.fixture(autouse=True)
@@ -39,5 +40,5 @@ def test_roles_and_tools_agree_through_the_environment(monkeypatch, tmp_path):
     assert ns_of(["train", "--mode", "decoupled", "--run-dir", str(tmp_path)]) == "exp1"
     parser = build_parser()
     for argv in (["subscribe", "policies"], ["replay"], ["serve"], ["rollback", "--to", "1"]):
-        assert _tool_bus(parser.parse_args(argv)).namespace == "exp1"
-        assert _tool_bus(parser.parse_args(argv + ["--namespace", "other"])).namespace == "other"
+        assert tool_bus(parser.parse_args(argv)).namespace == "exp1"
+        assert tool_bus(parser.parse_args(argv + ["--namespace", "other"])).namespace == "other"
