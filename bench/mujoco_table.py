@@ -36,6 +36,7 @@ section: mean ± sample std (n - 1), the 95 % t-interval of the mean, per-seed v
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import multiprocessing as mp
 import os
@@ -61,17 +62,25 @@ SOURCES = {"cleanrl": "CleanRL ppo_continuous_action.py, Open RL Benchmark tag p
                   "of one tuned run (std over its evaluation episodes)"}
 
 
-def _one(job: tuple[str, str, int, int, str, int, str]) -> dict:
-    algo, env_id, seed, steps, out, episodes, preset = job
+def _one(job: tuple[str, str, int, int, str, int, str, dict]) -> dict:
+    algo, env_id, seed, steps, out, episodes, preset, sets = job
     import torch
     torch.set_num_threads(1)
+    from bench import algorithms
     from bench.algorithms import train_one
     from config import TrainConfig
+
+    if sets:  # algorithm fields over the preset, as ``rlstream train --set`` gives them
+        name, run, overrides = algorithms.CASES[algo]
+        algorithms.CASES[algo] = (name, run, {**overrides, **sets})
 
     path = _result_file(Path(out), algo, env_id, seed)
     load_before, commit = round(os.getloadavg()[0], 2), _commit()  # the tree the run imports
     result = train_one(algo, env_id, steps, seed, path.parent, episodes, preset=preset)
     result.update(env=env_id, preset=TrainConfig(algo=algo, env_id=env_id, preset=preset).preset_name())
+    if sets:
+        result["preset"] = f"{result['preset'] or 'cleanrl'}+" + ",".join(f"{k}={v}" for k, v in sets.items())
+        result["set"] = sets
     learner = path.parent / f"{algo}-seed{seed}" / "learner.summary.json"
     if learner.exists():  # which update path ran (captured or eager), and its compile time
         result["capture"] = json.loads(learner.read_text()).get("capture")
@@ -248,6 +257,9 @@ def main() -> None:
     ap.add_argument("--eval-episodes", type=int, default=10)
     ap.add_argument("--preset", default="auto", help="auto (each task's default preset), none (CleanRL's "
                     "settings, PPO's own row), or a preset name")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an algorithm field over the preset (a Python literal: --set 'hidden=(256, 256)'); "
+                         "the row's preset is named <preset>+KEY=VALUE; use its own --out")
     ap.add_argument("--out", type=Path, default=Path("runs/bench-mujoco"))
     ap.add_argument("--render", action="store_true", help="only rebuild the table and plot from --out")
     ap.add_argument("--name", default=None, help="write <name>.json/.md/.png beside the runs (default: table)")
@@ -260,7 +272,8 @@ def main() -> None:
     t0 = time.perf_counter()
     if not a.render:
         # seed-major order: every task gets its first seed before any gets its second
-        jobs = [(a.algo, e, s, a.steps, str(out), a.eval_episodes, a.preset) for s in a.seeds for e in a.envs
+        sets = {k: ast.literal_eval(v) for k, _, v in (kv.partition("=") for kv in a.set)}
+        jobs = [(a.algo, e, s, a.steps, str(out), a.eval_episodes, a.preset, sets) for s in a.seeds for e in a.envs
                 if not _result_file(out, a.algo, e, s).exists()]
         with mp.get_context("spawn").Pool(max(1, a.jobs), maxtasksperchild=1) as pool:
             for r in pool.imap_unordered(_one, jobs):
