@@ -33,7 +33,7 @@ dead-lettered; a lag signal that cannot be read (broker down) leaves the breaker
 
 Two circuit breakers may hold training back: ``breaker`` over an outside ``lag_signal`` (the
 stream processors' backlog), which stops polling too, and ``policy_breaker`` over the policy
-lag the learner sees itself (``policy_lag``: its version minus the newest behaviour version of
+lag the learner sees itself (``policy_lag``: its version minus the newest behaviour version (a step's, in a mixed fragment) of
 the last records it read). While the policy-lag breaker is open the learner keeps reading (so
 it sees the lag fall as actors adopt the version it holds still) but does not update, until
 ``hold_cap`` transitions wait: a full buffer trains anyway (``policy_lag_overrides``), so a
@@ -291,7 +291,7 @@ class Learner:
             held = not self.policy_breaker.allow()
         newest = None  # newest behaviour version read in this poll
         for rec, pb in [] if paused else self.consumer.poll(timeout, max_records=64):
-            newest = pb.sample.policy_version if newest is None else max(newest, pb.sample.policy_version)
+            newest = pb.sample.newest_version if newest is None else max(newest, pb.sample.newest_version)
             self._take(rec, pb)
         if newest is not None:
             self.stats.policy_lag = max(0, self.version - newest)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from config import TrainConfig
@@ -59,6 +60,21 @@ def test_policy_lag_opens_the_breaker_holds_updates_and_fresh_data_resumes_train
     assert lr.policy_breaker.trips == 1 and lr.stats.policy_lag_overrides == 0
     s = lr.summary()["policy_lag_breaker"]
     assert (s["trips"], s["holds"], s["state"]) == (1, lr.stats.policy_lag_holds, "CLOSED")
+
+
+def test_policy_lag_counts_a_mixed_version_fragment_by_its_newest_step(events, tmp_path):  # noqa: F811
+    # an actor that adopted versions 1 and 3 mid-fragment (in-flight updates) acted last with 3
+    lr = make(events, open_store(tmp_path), snapshot_every=0)
+    lr.start()
+    for seq in range(4):
+        feed(events, seq, 0)
+        assert lr.step(0) is not None
+    assert lr.version == 4
+    pb = prepared(4, version=1)
+    steps = np.array([1] * (T - 2) + [3, 3], np.int64)
+    events.publish(SAMPLES_PREPARED, replace(pb, sample=replace(pb.sample, step_versions=steps)), key="actor-0")
+    lr.step(0)
+    assert lr.stats.policy_lag == 4 - 3  # not 4 - 1, the fragment's oldest step
 
 
 def test_a_full_buffer_trains_although_the_breaker_is_open(events, tmp_path):  # noqa: F811
