@@ -35,25 +35,33 @@ def latest(cwd: Path) -> str:
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory) -> tuple[Path, list[str]]:
-    """Two co-located runs, one after the other, in one working directory."""
+    """Two co-located runs, one after the other, in one working directory; the run ids are the
+    directories each made. ``NEW_AND_LATEST`` keeps (new directory, ``runs/latest``) after each,
+    since tests in any order may move ``latest`` later."""
     cwd = tmp_path_factory.mktemp("work")
     ids = []
     for _ in range(2):
+        before = set(os.listdir(cwd / "runs")) if (cwd / "runs").is_dir() else set()
         r = rlstream(cwd, "train", "--env", "Pendulum-v1", *TINY)
         assert r.returncode == 0, r.stderr[-2000:]
-        ids.append(latest(cwd))
+        new = set(os.listdir(cwd / "runs")) - before - {"latest"}
+        assert len(new) == 1, new
+        ids.append(new.pop())
+        NEW_AND_LATEST.append((ids[-1], latest(cwd)))
     return cwd, ids
+
+
+NEW_AND_LATEST: list[tuple[str, str]] = []
 
 
 def test_each_run_has_its_own_directory_and_latest_follows(two_runs) -> None:
     cwd, (first, second) = two_runs
-    assert first != second
+    assert first != second and NEW_AND_LATEST == [(first, first), (second, second)]
     for rid in (first, second):
         info = RunDir(cwd / "runs" / rid).info()
         assert info is not None and info.run_id == rid and info.mode == "colocated"
         assert info.env_id == "Pendulum-v1" and info.algo == "ppo"
         assert json.loads((cwd / "runs" / rid / "summary.json").read_text())["env"] == "Pendulum-v1"
-    assert latest(cwd) == second
 
 
 COLOCATED_FILES = {"run.json", "summary.json", "actor-0.summary.json", "learner.summary.json", "streams.summary.json",
