@@ -22,7 +22,7 @@ nothing is held: every record before it is done, so it may be committed or snaps
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 P = TypeVar("P", bound=Hashable)
@@ -129,3 +129,12 @@ def next_offsets(records: Iterable[Any], key: Any = None) -> dict[Any, int]:
         if r.offset + 1 > out.get(tp, 0):
             out[tp] = r.offset + 1
     return out
+
+
+def commit_targets(records: Iterable[Any] | None, offsets: Mapping[Any, int] | None,
+                   polled: Mapping[Any, int]) -> dict[Any, int]:
+    """What a consumer's ``commit`` covers: the ``offsets`` given, else exactly ``records``,
+    else everything it has polled."""
+    if offsets is not None:
+        return dict(offsets)
+    return dict(polled) if records is None else next_offsets(records)

@@ -30,7 +30,7 @@ from streams.bus.base import (
     explicit_offset,
     normalise_start,
 )
-from streams.offsets import next_offsets
+from streams.offsets import commit_targets
 from streams.topics import TOPICS, TopicSpec
 
 DEFAULT_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES
@@ -297,12 +297,7 @@ class MemoryConsumer(Consumer):
     def commit(self, records: Iterable[Record] | None = None, *, offsets: dict[TP, int] | None = None) -> None:
         if self.group is None:
             return
-        if offsets is not None:
-            upto = dict(offsets)
-        elif records is None:
-            upto = dict(self._polled)
-        else:
-            upto = next_offsets(records)
+        upto = commit_targets(records, offsets, self._polled)
         with self.bus._cond:
             g = self.bus._groups[self.group]
             for tp, off in upto.items():

@@ -16,7 +16,7 @@ from confluent_kafka import Consumer as _RdConsumer, KafkaError, KafkaException,
 
 from streams.bus.base import TP, BusError, Consumer, Record, explicit_offset
 from streams.bus.kafka.errors import ATTEMPT_S, ERRORS, TRANSIENT, first_error, kafka_error, retrying
-from streams.offsets import next_offsets
+from streams.offsets import commit_targets
 
 if TYPE_CHECKING:
     from streams.bus.kafka.admin import KafkaAdmin
@@ -169,12 +169,7 @@ class KafkaConsumer(Consumer):
     def commit(self, records: Iterable[Record] | None = None, *, offsets: dict[TP, int] | None = None) -> None:
         if self.group is None or self._closed:
             return
-        if offsets is not None:
-            upto = dict(offsets)
-        elif records is None:
-            upto = dict(self._polled)
-        else:
-            upto = next_offsets(records)
+        upto = commit_targets(records, offsets, self._polled)
         todo = {tp: o for tp, o in upto.items()
                 if tp in self._positions and o > self._committed.get(tp, -1)}
         if not todo:
