@@ -30,7 +30,8 @@ import torch  # noqa: E402
 from schemas.codec import Codec  # noqa: E402
 from schemas.events import PolicyVersion, SampleBatch  # noqa: E402
 from schemas.weights import encode_weights  # noqa: E402
-from streams.processors.importance import ImportanceWeights, PolicyLogpFn  # noqa: E402
+from streams.policies import PolicyLogpFn  # noqa: E402
+from streams.processors.importance import ImportanceWeights  # noqa: E402
 from bench.common import host_info  # noqa: E402
 from config import PrepareConfig  # noqa: E402
 from streams.processors.pipeline import Prepare  # noqa: E402

@@ -18,7 +18,7 @@ with it empty) and an adopted foreign version (a rollback) empties it.
 
 Versions: ``version`` is the newest version allocated (published by the shell), and
 ``model_version`` the one whose weights the algorithm holds. Duplicate batch ids are told by the
-one dedup store (``streams.processors.reorder.SeenIds``) of the ids trained, and the ids buffered.
+one dedup store (``streams.dedup.SeenIds``) of the ids trained, and the ids buffered.
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ import torch
 
 from agents.core import Algorithm
 from agents.vtrace import VTraceConfig, behaviour_weights, importance_weights
+from config.limits import DEFAULT_CLAIM_CHECK_ABOVE
 from learner.batching import StreamIds, to_device, to_trajectory_batch
 from learner.ranks import Ranks, SingleRank
 from learner.replay import ReplayCache, replayed_batch
 from schemas.events import GradientStep, PreparedBatch, now_ms
-from streams.policies import DEFAULT_CLAIM_CHECK_ABOVE
-from streams.processors.reorder import SeenIds
+from streams.dedup import SeenIds
 
 REASON_INCOMPATIBLE = "incompatible"
 REASON_DUPLICATE = "duplicate"

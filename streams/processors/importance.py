@@ -14,9 +14,9 @@ TBA apply the same function (and the same defaults) against the policy that anch
 update, so the stream processor and the learner cannot disagree on what is dropped.
 
 Weights are exactly 1 when the behaviour version is the current version (``ones``); the
-current policy's log-probs come from an injected ``LogpFn``; ``PolicyLogpFn`` (of
-``streams.policies``, the one policy loader) builds one from a ``PolicyVersion``, inline or
-claim-checked: ``PolicyLogpFn.factory(blob_store)`` is the pipeline's ``logp_factory``.
+current policy's log-probs come from an injected ``LogpFn``, built by an injected ``LogpFactory``
+(the composition root passes ``streams.policies.PolicyLogpFn.factory(blob_store)``, the one
+policy loader, inline or claim-checked). This module imports no policy layer.
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ from typing import Protocol
 import numpy as np
 
 from schemas.events import PolicyVersion, SampleBatch
-from streams.policies import PolicyLoadError, PolicyLogpFn
 
-__all__ = ["ImportanceResult", "ImportanceWeights", "LogpFactory", "LogpFn", "PolicyBuildError", "PolicyLogpFn"]
+__all__ = ["ImportanceResult", "ImportanceWeights", "LogpFactory", "LogpFn"]
 
 #: ``logp_fn(obs [T, N, obs_dim], actions [T, N, act_dim]) -> logp [T, N]`` of the current policy.
 LogpFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -108,7 +107,11 @@ class ImportanceWeights:
         return self.from_logps(batch.behaviour_logp, logp_fn(batch.obs, batch.actions))
 
 
-# --- current policy log-probs from a PolicyVersion: the shared loader (``streams.policies``) ---
+def __getattr__(name: str):
+    """``PolicyLogpFn`` and ``PolicyBuildError`` (= ``PolicyLoadError``) moved out: import them from
+    ``streams.policies``. Kept, resolved on first use only, until the last caller moves."""
+    if name in ("PolicyLogpFn", "PolicyBuildError"):
+        from streams import policies
 
-PolicyBuildError = PolicyLoadError
-"""A PolicyVersion's weights cannot be turned into a policy (``streams.policies.PolicyLoadError``)."""
+        return policies.PolicyLogpFn if name == "PolicyLogpFn" else policies.PolicyLoadError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,7 +3,8 @@
 The one implementation of the stream logic; two shells drive it (``streams.worker`` in-process
 over the bus, ``streams.faust_app`` on Kafka). Pure: no I/O, injectable clock::
 
-    prepare = Prepare.from_config(PrepareConfig.for_algo("ppo"), logp_factory=PolicyLogpFn.from_policy_version)
+    prepare = Prepare.from_config(PrepareConfig.for_algo("ppo"), logp_factory)  # rlstream.wiring.build_prepare:
+                                                  # PolicyLogpFn.factory(blob_store)
     prepare.on_policy(pv)                                # every PolicyVersion
     for out in prepare.push(batch, partition, offset):   # PreparedBatch or Rejection, 0..n
         ...

@@ -53,11 +53,12 @@ forgetting an idle or evicted actor deletes it.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable, MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.events import SampleBatch, now_ms
+from streams.dedup import SeenIds
 
 REASON_LATE = "late"
 REASON_DUPLICATE = "duplicate"
@@ -98,48 +99,6 @@ class ReorderStats:
     actors_evicted: int = 0
     buffered: int = 0  # batches waiting now
     max_buffered_seen: int = 0  # most batches waiting at once (all actors)
-
-
-class SeenIds:
-    """Bounded set of recently seen ids: LRU of ``capacity`` entries, optional TTL in ms."""
-
-    def __init__(self, capacity: int = 65536, ttl_ms: int | None = None) -> None:
-        if capacity <= 0:
-            raise ValueError("capacity must be > 0")
-        self.capacity = int(capacity)
-        self.ttl_ms = ttl_ms
-        self._d: OrderedDict[Hashable, int] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._d
-
-    def __iter__(self):
-        """The ids remembered, oldest first."""
-        return iter(self._d)
-
-    def seen_or_add(self, key: Hashable, now: int) -> bool:
-        """True if ``key`` was seen (within the TTL); otherwise remember it and return False."""
-        d = self._d
-        if self.ttl_ms is not None:
-            cutoff = now - self.ttl_ms
-            while d:
-                k, t = next(iter(d.items()))
-                if t >= cutoff:
-                    break
-                d.popitem(last=False)
-        if key in d:
-            d.move_to_end(key)
-            return True
-        d[key] = now
-        if len(d) > self.capacity:
-            d.popitem(last=False)
-        return False
-
-    def discard(self, key: Hashable) -> None:
-        self._d.pop(key, None)
 
 
 class _Actor:

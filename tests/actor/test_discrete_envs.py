@@ -19,7 +19,8 @@ from schemas.codec import Codec
 from schemas.events import SampleBatch
 from streams.bus.memory import MemoryBus
 from streams.events import EventBus
-from streams.processors.importance import ImportanceWeights, PolicyLogpFn
+from streams.policies import PolicyLogpFn
+from streams.processors.importance import ImportanceWeights
 from streams.topics import POLICY_VERSIONS, SAMPLES_RAW, all_topics
 
 torch.set_num_threads(1)

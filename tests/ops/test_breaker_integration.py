@@ -25,7 +25,7 @@ from schemas.codec import Codec
 from schemas.events import SampleBatch, new_id, now_ms
 from streams.bus.memory import MemoryBus
 from streams.events import EventBus
-from streams.processors.importance import PolicyLogpFn
+from streams.policies import PolicyLogpFn
 from config import PrepareConfig
 from streams.processors.pipeline import Prepare
 from streams.topics import (

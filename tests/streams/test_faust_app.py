@@ -303,7 +303,7 @@ def test_a_policy_version_that_does_not_build_is_skipped_and_the_previous_one_us
     weights are not safetensors."""
     from agents.networks import Policy
     from schemas.weights import encode_weights
-    from streams.processors.importance import PolicyLogpFn
+    from streams.policies import PolicyLogpFn
 
     clock = Clock()
     sa, sent = streams_app(clock, PolicyLogpFn.from_policy_version)

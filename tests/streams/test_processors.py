@@ -13,8 +13,11 @@ from hypothesis import strategies as st
 
 from schemas.events import ClaimCheck, PolicyVersion, SampleBatch
 from schemas.weights import encode_weights
-from streams.processors.importance import ImportanceWeights, PolicyBuildError, PolicyLogpFn
-from streams.processors.reorder import ReorderBuffer, SeenIds
+from streams.dedup import SeenIds
+from streams.policies import PolicyLoadError as PolicyBuildError
+from streams.policies import PolicyLogpFn
+from streams.processors.importance import ImportanceWeights
+from streams.processors.reorder import ReorderBuffer
 from streams.processors.staleness import PolicyStalenessError, StalenessWindow
 
 torch.set_num_threads(1)

@@ -15,7 +15,7 @@ from schemas.events import DeadLetter, PolicyVersion, PreparedBatch, SampleBatch
 from schemas.weights import encode_weights
 from streams.bus.memory import MemoryBus
 from streams.events import EventBus
-from streams.processors.importance import PolicyLogpFn
+from streams.policies import PolicyLogpFn
 from config import PrepareConfig
 from streams.processors.pipeline import Prepare, Rejection
 from streams.topics import DEADLETTER, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW, all_topics

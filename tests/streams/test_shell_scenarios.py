@@ -16,7 +16,7 @@ import torch
 
 from schemas.codec import Codec
 from schemas.events import DeadLetter, PolicyVersion, PreparedBatch, SampleBatch, now_ms
-from streams.processors.importance import PolicyLogpFn
+from streams.policies import PolicyLogpFn
 from streams.processors.pipeline import Prepare
 from streams.topics import DEADLETTER, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW, STREAMS_GROUP
 from tests.streams.shells import SHELLS, open_shell
