@@ -37,7 +37,7 @@ from streams.policy.arch import arch_of, policy_from_arch
 from streams.policy.blobs import (DEFAULT_RETRY, BlobStore, Blobs, FetchRetry, HostCachedStore, RedisBlobStore,
                                   open_blob_store)
 from streams.policy.errors import BlobWriteError, PolicyLoadError
-from streams.policy.follower import PolicyFollower, PolicyUpdate, StartRule
+from streams.policy.follower import PolicyFollower, PolicyUpdate, StartRule, start_offsets
 from streams.policy.loader import (PROCESS_WEIGHTS, PolicyLogpFn, SharedWeights, decode_version, load_policy,
                                    load_state, weights_bytes)
 from streams.policy.publish import make_policy_version, publish_policy_version
@@ -47,4 +47,4 @@ __all__ = ["DEFAULT_CLAIM_CHECK_ABOVE", "DEFAULT_INLINE_LIMIT", "DEFAULT_RETRY",
            "BlobWriteError", "Blobs", "FetchRetry", "HostCachedStore", "PolicyFollower", "PolicyLoadError",
            "PolicyLogpFn", "PolicyUpdate", "RedisBlobStore", "SharedWeights", "StartRule", "arch_of", "decode_version",
            "decodes_as", "load_policy", "load_state", "make_policy_version", "newest_version", "open_blob_store",
-           "policy_from_arch", "publish_policy_version", "tail_offsets", "weights_bytes"]
+           "policy_from_arch", "publish_policy_version", "start_offsets", "tail_offsets", "weights_bytes"]

@@ -1,6 +1,6 @@
 """In-process shell of the prepare pipeline (co-located mode, or any bus backend).
 
-    worker = PrepareWorker(events, Prepare.from_config(cfg, PolicyLogpFn.from_policy_version))
+    worker = PrepareWorker(events, Prepare.from_config(cfg, PolicyLogpFn.factory(blob_store)))
     stop = threading.Event()
     worker.run(stop)                 # or: while ...: worker.step(0.1)
 
@@ -29,7 +29,7 @@ from typing import Any
 from schemas.events import PolicyVersion, SampleBatch
 from streams.events import EventBus, EventConsumer
 from streams.processors.pipeline import Prepare
-from streams.policies import PolicyFollower, StartRule
+from streams.policies import StartRule, start_offsets
 from streams.shell import PolicyRecords, Send, ShellCore
 from streams.shell import policy_backlog as backlog_of
 from streams.topics import POLICY_VERSIONS, SAMPLES_RAW, STREAMS_GROUP
@@ -65,7 +65,7 @@ class PrepareWorker:
         self.samples: EventConsumer = events.consumer(group, [SAMPLES_RAW], stage=STAGE, expect=SampleBatch)
         # K + 1 records of this policy back from the end (the policy layer's start rule)
         rule = StartRule.back(backlog_of(prepare, policy_backlog) - 1)
-        start = PolicyFollower(events, prepare.policy_id, rule, stage=STAGE).start_offsets()
+        start = start_offsets(events, prepare.policy_id, rule)
         self.policies: EventConsumer = events.consumer(None, [POLICY_VERSIONS], stage=STAGE,
                                                        expect=PolicyVersion, start=start or "earliest")
         begin = {p: o for (_, p), o in (start or {}).items()}

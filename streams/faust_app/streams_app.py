@@ -26,7 +26,7 @@ from streams.faust_app.clients import (
     replication_settings,
 )
 from streams.faust_app.table import TableState, raw_partitions_of
-from streams.policies import PolicyFollower, StartRule
+from streams.policies import StartRule, start_offsets
 from streams.processors.pipeline import Prepare
 from streams.settings import StreamsSettings
 from streams.shell import SEEK, TAKE, InOrderAcks, PolicyRecords, Send, ShellCore, policy_backlog, policy_starts
@@ -244,9 +244,9 @@ class StreamsApp:
         policy layer's ``StartRule.back``), read with a plain Kafka client."""
         bus = self._plain_bus("policy-start")
         try:
-            follower = PolicyFollower(EventBus(bus, self.codec), self.prepare.policy_id,
-                                      StartRule.back(backlog - 1), topic=topic, stage=STAGE)
-            return {p: offset for (_, p), offset in follower.start_offsets().items()}
+            starts = start_offsets(EventBus(bus, self.codec), self.prepare.policy_id, StartRule.back(backlog - 1),
+                                   topic=topic)
+            return {p: offset for (_, p), offset in starts.items()}
         finally:
             bus.close()
 

@@ -10,9 +10,6 @@ from typing import Any
 import torch
 
 from agents.networks import Policy
-# Weights above DEFAULT_INLINE_LIMIT must go to the blob store (the event carries a claim check);
-# above DEFAULT_CLAIM_CHECK_ABOVE they go there when one is configured: one tiny record fans out
-# to every reader instead of the weights, and a process of many readers fetches them once.
 
 from streams.policy.errors import PolicyLoadError
 

@@ -13,9 +13,6 @@ from typing import Any, Protocol, Union
 
 import numpy as np
 
-# Weights above DEFAULT_INLINE_LIMIT must go to the blob store (the event carries a claim check);
-# above DEFAULT_CLAIM_CHECK_ABOVE they go there when one is configured: one tiny record fans out
-# to every reader instead of the weights, and a process of many readers fetches them once.
 from schemas.errors import CodecError
 from schemas.events import ClaimCheck
 from schemas.weights import sha256
@@ -232,7 +229,7 @@ class HostCachedStore:
         except BlobCacheError as e:
             raise PolicyLoadError(f"claim-checked weights {ref.key}: {e}") from e
         except CacheWriteError:
-            return _checked(self.store.get(ref.key), ref, f"claim-checked weights {ref.key}")
+            return verify_claim_check(self.store.get(ref.key), ref, f"claim-checked weights {ref.key}")
 
 
 def redact_url(url: str) -> str:
@@ -261,7 +258,7 @@ def open_blob_store(url: str | None, cache_dir: str | None = None) -> RedisBlobS
         return store
 
 
-def _checked(data: Any, ref: ClaimCheck, what: str) -> Any:
+def verify_claim_check(data: Any, ref: ClaimCheck, what: str) -> Any:
     """``data`` if it is the claim check's bytes (its size and sha256); PolicyLoadError naming
     ``what`` if not."""
     if len(data) != ref.size or sha256(data) != ref.sha256:

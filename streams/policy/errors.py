@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import logging
 
-
-# Weights above DEFAULT_INLINE_LIMIT must go to the blob store (the event carries a claim check);
-# above DEFAULT_CLAIM_CHECK_ABOVE they go there when one is configured: one tiny record fans out
-# to every reader instead of the weights, and a process of many readers fetches them once.
 from schemas.errors import InvalidEventError
-
 
 
 log = logging.getLogger(__name__)

@@ -7,11 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from agents.networks import Policy
-# Weights above DEFAULT_INLINE_LIMIT must go to the blob store (the event carries a claim check);
-# above DEFAULT_CLAIM_CHECK_ABOVE they go there when one is configured: one tiny record fans out
-# to every reader instead of the weights, and a process of many readers fetches them once.
 from schemas.errors import CodecError
 from schemas.events import PolicyVersion
 from schemas.weights import sha256
@@ -133,6 +129,18 @@ class StartRule:
         return cls(from_version=int(v))
 
 
+def start_offsets(events: EventBus, policy_id: str | None, rule: StartRule, *,
+                  topic: str = POLICY_VERSIONS) -> dict[tuple[str, int], int]:
+    """Per partition of ``topic``, where a reader of ``policy_id``'s versions (None: every
+    policy's) starts by ``rule``'s ``newest``/``back`` part: the offset of the
+    ``rule.records_back + 1``-th newest record of that policy (``tail_offsets``). What both
+    processor shells and ``PolicyFollower`` start from; it opens no reader that outlives it."""
+    def mine(pv: PolicyVersion) -> bool:
+        return policy_id is None or pv.policy_id == policy_id
+
+    return tail_offsets(events.bus, topic, decodes_as(events, PolicyVersion, mine), count=rule.records_back + 1)
+
+
 class PolicyFollower:
     """Follows PolicyVersion records of ``policy_id`` (None: of every policy) from ``start``.
 
@@ -168,9 +176,8 @@ class PolicyFollower:
         return self.policy_id is None or pv.policy_id == self.policy_id
 
     def start_offsets(self) -> dict[tuple[str, int], int]:
-        """Per partition, where ``start`` says to begin (newest / back rules)."""
-        return tail_offsets(self.events.bus, self.topic, decodes_as(self.events, PolicyVersion, self._mine),
-                            count=self.start.records_back + 1)
+        """Per partition, where ``start`` says to begin (newest / back rules; ``start_offsets``)."""
+        return start_offsets(self.events, self.policy_id, self.start, topic=self.topic)
 
     def _open(self, join_timeout: float) -> Consumer:
         bus = self.events.bus

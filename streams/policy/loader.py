@@ -14,16 +14,13 @@ import numpy as np
 import torch
 
 from agents.networks import Policy
-# Weights above DEFAULT_INLINE_LIMIT must go to the blob store (the event carries a claim check);
-# above DEFAULT_CLAIM_CHECK_ABOVE they go there when one is configured: one tiny record fans out
-# to every reader instead of the weights, and a process of many readers fetches them once.
 from schemas.errors import CodecError
 from schemas.events import PolicyVersion
 from schemas.weights import decode_weights
 
 from streams.policy.errors import PolicyLoadError
 from streams.policy.arch import arch_of, policy_from_arch
-from streams.policy.blobs import Blobs, DEFAULT_RETRY, FetchRetry, HostCachedStore, _checked
+from streams.policy.blobs import DEFAULT_RETRY, Blobs, FetchRetry, HostCachedStore, verify_claim_check
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +43,7 @@ def weights_bytes(pv: PolicyVersion, blobs: Blobs = None,
     if isinstance(blobs, HostCachedStore):  # checked as they stream into the host's cache
         return retry.call(lambda: blobs.fetch_verified(ref), what)
     data = retry.call(lambda: blobs(ref) if callable(blobs) else blobs.get(ref.key), what)
-    return _checked(data, ref, f"claim-checked weights of version {pv.version}")
+    return verify_claim_check(data, ref, f"claim-checked weights of version {pv.version}")
 
 
 def decode_version(pv: PolicyVersion, blobs: Blobs = None,

@@ -7,16 +7,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-
-# Weights above DEFAULT_INLINE_LIMIT must go to the blob store (the event carries a claim check);
-# above DEFAULT_CLAIM_CHECK_ABOVE they go there when one is configured: one tiny record fans out
-# to every reader instead of the weights, and a process of many readers fetches them once.
 from schemas.errors import CodecError
 from schemas.events import PolicyVersion
 from streams.bus.base import BusError, IncompleteReadError, Record
 from streams.events import EventBus
 from streams.topics import POLICY_VERSIONS
-
 
 
 log = logging.getLogger(__name__)
