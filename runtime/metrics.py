@@ -2,17 +2,18 @@
 
 A ``Metrics`` object owns its ``CollectorRegistry`` (never the global one), so
 tests and several in-process roles do not collide. Every series carries a
-``role`` label. A process creates one root ``Metrics`` and hands each role a
-view of it::
+``role`` label. A process creates one ``Metrics`` and hands it to the roles it
+runs (``rlstream.wiring``): ``role="colocated"`` for a co-located run, the
+process's role (``actor``, ``learner``, ``streams``) for each decoupled one::
 
-    metrics = Metrics(role="colocated")          # one registry per process
-    actor_m = metrics.for_role("actor")          # same registry, role="actor"
-    learner_m = metrics.for_role("learner")
+    metrics = Metrics(role="learner")            # one registry per process
     server = MetricsServer(metrics.registry, health, port=9100).start()
 
-    actor_m.observe_policy_latency(0.004)        # learner publish -> actor use
-    learner_m.count_learner_steps()
-    learner_m.set_batch_size(128)                # the learner's minibatch
+    metrics.observe_policy_latency(0.004)        # learner publish -> actor use
+    metrics.count_learner_steps()
+    metrics.set_batch_size(128)                  # the learner's minibatch
+
+(``for_role`` gives a view of the same registry under another role label.)
 
 Components never touch prometheus objects; they call the helper methods
 below (or receive a callable such as ``circuit_breaker_hook()``). The families themselves are

@@ -1,6 +1,7 @@
 """The offset ledger: what a consumer may commit. One rule, kept here once for the processor
 shells (``streams.shell``: ``ShellCore``, ``InOrderAcks``; ``streams.worker``) and the learner
-(``learner.shell``): **commit nothing past the lowest record still held**.
+(``learner.learner``, through its ``streams.events.EventConsumer``): **commit nothing past the
+lowest record still held**.
 
 Per partition (any hashable key: a partition number, or ``(topic, partition)``) the ledger
 knows how far records were read (``upto``: the offset after the highest one read, or where
