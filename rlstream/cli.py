@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         return _refused(e.code, argv[0] if argv else "")
     a.argv = argv
     handlers = {"train": cmd_train, "actor": cmd_role, "learner": cmd_role, **cli_tools.HANDLERS, **cli_runs.HANDLERS}
-    from streams.bus.base import BusError, ReplicationError
+    from streams.bus.base import BusAuthenticationError, BusError, ReplicationError
 
     try:
         return handlers[a.command](a)
@@ -394,7 +394,9 @@ def main(argv: list[str] | None = None) -> int:
 
         from learner.snapshots.format import ResumeError
 
-        fix: tuple[type, ...] = (ReplicationError, NoBrokerError, TopicNotFoundError, ResumeError)
+        # a refused login or TLS handshake too: a wrong password or CA file (docs/howto/security.md)
+        fix: tuple[type, ...] = (ReplicationError, NoBrokerError, TopicNotFoundError, ResumeError,
+                                 BusAuthenticationError)
         if a.command == "replay":
             from logtools.replay import ReplayError
 

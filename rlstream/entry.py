@@ -61,7 +61,19 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1 or args[0] not in COMMANDS:
         print(f"usage: python -m rlstream.entry {{{','.join(COMMANDS)}}}", file=sys.stderr)
         return 2
-    return COMMANDS[args[0]]()
+    from streams.bus.base import BusAuthenticationError
+    from streams.bus.kafka import NoBrokerError
+
+    try:
+        return COMMANDS[args[0]]()
+    except (BusAuthenticationError, NoBrokerError) as e:  # a setting to fix: one line, exit 2
+        print(f"rlstream {args[0]}: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except SystemExit as e:
+        if not isinstance(e.code, str):
+            raise
+        print(f"rlstream {args[0]}: error: {e.code}", file=sys.stderr, flush=True)
+        return 2
 
 
 if __name__ == "__main__":

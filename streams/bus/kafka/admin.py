@@ -235,8 +235,12 @@ class KafkaAdmin(KafkaClients):
         """The result of the admin future ``request(seconds)`` returns, retried as ``retrying`` does.
         Admin group requests are for tools run while a broker answers (``group_positions``, which
         the roles use during outages, avoids them: confluentinc/librdkafka#4605)."""
-        return retrying(what, lambda t: self._wait(request(t), t + 5), timeout, on_retry=self.check_auth,
-                        attempt=ATTEMPT_S)
+        try:
+            return retrying(what, lambda t: self._wait(request(t), t + 5), timeout, on_retry=self.check_auth,
+                            attempt=ATTEMPT_S)
+        except BusError:
+            self.settle_auth()  # a refused login or TLS handshake is the reason, not the timeout
+            raise
 
     def consumer_groups(self) -> dict[str, str]:
         """Group id -> state (``stable``, ``empty``...) of every consumer group on the cluster."""
@@ -245,6 +249,7 @@ class KafkaAdmin(KafkaClients):
 
         res = self._admin_call(f"cannot list the consumer groups at {self.bootstrap}", request)
         if res.errors:
+            self.settle_auth()  # a refused login or TLS handshake is the reason, not the timeout
             raise BusError(f"cannot list every consumer group at {self.bootstrap}: {res.errors[0]}")
         return {g.group_id: g.state.name.lower() for g in res.valid}
 

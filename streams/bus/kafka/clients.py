@@ -33,6 +33,9 @@ class _RdLogger:
 
     def log(self, level: int, fmt: str, *args: Any) -> None:
         fac, text = (args[0], args[-1]) if len(args) >= 3 else ("", fmt % args if args else fmt)
+        if level < logging.WARNING or _says_refused(str(text)):  # a refusal: check_auth says it, once
+            _rdlog.log(logging.DEBUG if level >= logging.WARNING else level, fmt, *args)
+            return
         if level < logging.WARNING:
             _rdlog.log(level, fmt, *args)
             return
@@ -127,6 +130,18 @@ def broker_unreachable(bootstrap: str, wait_s: float = BROKER_WAIT_S) -> str | N
 _TLS_REFUSED = ("SSL handshake failed", "certificate verify failed", "alert certificate required",
                 "alert bad certificate", "alert unknown ca", "alert handshake failure")
 _AFTER = re.compile(r"\s*\(after \d+ms in state [A-Z_]+\)$")
+
+
+def _says_refused(text: str) -> bool:
+    """Does a librdkafka log line report a refused login or TLS handshake?"""
+    return "SASL authentication error" in text or any(t in text for t in _TLS_REFUSED)
+
+
+def _quiet(err: KafkaError, refusal_pending: bool) -> bool:
+    """Leave ``err`` to ``check_auth`` (logged at debug): a refused login or TLS handshake, or
+    every broker down because of one."""
+    return not err.fatal() and (refused_security(err) is not None
+                                or (refusal_pending and err.code() == KafkaError._ALL_BROKERS_DOWN))
 
 
 def refused_security(err: KafkaError) -> str | None:
@@ -264,6 +279,9 @@ class KafkaClients:
 
     def _on_error(self, err: KafkaError) -> None:
         self._note_auth(err)
+        if _quiet(err, self._auth_error is not None):  # check_auth raises it, with the settings in use
+            log.debug("kafka producer: %s", err)
+            return
         if err.fatal():
             self._fatal = err
             log.error("kafka producer fatal error: %s", err)
@@ -272,6 +290,9 @@ class KafkaClients:
 
     def _on_client_error(self, err: KafkaError) -> None:
         self._note_auth(err)
+        if _quiet(err, self._auth_error is not None):  # check_auth raises it, with the settings in use
+            log.debug("kafka client: %s", err)
+            return
         ERRORS.error(log, logging.WARNING, f"client:{err.name()}", f"kafka client: {err}")
 
     # -- authentication ---------------------------------------------------------------------
@@ -298,6 +319,15 @@ class KafkaClients:
         if err is None or time.monotonic() - self._auth_since < AUTH_GRACE_S:
             return
         raise BusAuthenticationError(refusal_message(self.bootstrap, self.common, err))
+
+    def settle_auth(self) -> None:
+        """Before failing with another error (a timeout): if a refused login or TLS handshake
+        is pending, wait out the rest of its ``AUTH_GRACE_S`` (a success meanwhile clears it) and
+        raise ``BusAuthenticationError`` if it still holds: the refusal is the reason."""
+        deadline = time.monotonic() + AUTH_GRACE_S + 0.5
+        while self._auth_error is not None and time.monotonic() < deadline:
+            self.check_auth()
+            time.sleep(0.05)
 
     def _wait(self, fut: Any, timeout: float) -> Any:
         """``fut.result()``, failing fast with ``BusAuthenticationError`` on a refused login."""
