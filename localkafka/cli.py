@@ -15,6 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from config.env import Environment
 from localkafka import cluster as lc
 from localkafka.broker import DEFAULT_START_TIMEOUT, DEFAULT_STOP_TIMEOUT, LocalKafka
 from localkafka.fetch import MARKER, fetch
@@ -71,9 +72,12 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, env: Environment | None = None) -> int:
+    """The entry point: ``env`` (default: this process's environment, read here once) is what
+    every broker, cluster and cache path below it is given."""
     args = _build_parser().parse_args(argv)
-    version = args.version or default_version()
+    env = Environment.read() if env is None else env
+    version = args.version or default_version(env)
     try:
         if args.command == "fetch":
             lib = fetch(version)
@@ -82,15 +86,15 @@ def main(argv: list[str] | None = None) -> int:
                               "bytes": info["bytes"]}))
             return 0
         if args.command in ("status", "stop") and args.data_dir is None:
-            known = recall(args.port)  # the data dir `start --port` used
+            known = recall(args.port, env)  # the data dir `start --port` used
             if known is not None:
                 args.data_dir = known["data_dir"]
                 version = args.version or known.get("version") or version
-        cluster = _cluster_of(args, version)
+        cluster = _cluster_of(args, version, env)
         if cluster is not None:
-            return _cluster_command(args, cluster)
+            return _cluster_command(args, cluster, env)
         kafka = LocalKafka(port=args.port, version=version, data_dir=args.data_dir,
-                           controller_port=args.controller_port, host=args.host)
+                           controller_port=args.controller_port, host=args.host, env=env)
         if args.command == "status":
             print(json.dumps(kafka.status()))
             return 0
@@ -106,16 +110,16 @@ def main(argv: list[str] | None = None) -> int:
                 kafka.wipe()
             if kafka.is_running():
                 kafka.wait_ready(args.timeout)
-                remember(kafka.port, kafka.data_dir, version, 1)
+                remember(kafka.port, kafka.data_dir, version, 1, env)
                 print(f"rlstream broker: already running on {kafka.bootstrap} "
                       f"(pid {kafka.pid})", file=sys.stderr)
                 return 0
             try:
                 if args.foreground:
-                    remember(kafka.port, kafka.data_dir, version, 1)
+                    remember(kafka.port, kafka.data_dir, version, 1, env)
                     return kafka.run_foreground()
                 kafka.start(timeout=args.timeout)
-                remember(kafka.port, kafka.data_dir, version, 1)
+                remember(kafka.port, kafka.data_dir, version, 1, env)
             except PortBusyError as exc:
                 if exc.is_kafka:
                     print(f"rlstream broker: {exc}; using it as is", file=sys.stderr)
@@ -131,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def _cluster_of(args: argparse.Namespace, version: str):
+def _cluster_of(args: argparse.Namespace, version: str, env: Environment):
     """The ``LocalCluster`` a start/stop/status command means: ``--nodes`` > 1, or (stop,
     status without ``--nodes``) a cluster whose ``cluster.json`` is in the data dir. None: the
     single node."""
@@ -140,19 +144,19 @@ def _cluster_of(args: argparse.Namespace, version: str):
         raise BrokerError(f"--nodes {nodes}: a cluster needs at least one node")
     data_dir = Path(args.data_dir).expanduser() if args.data_dir else lc.default_data_dir(args.port, version)
     if nodes is None and args.command in ("stop", "status") and (data_dir / lc.CLUSTER_FILE).is_file():
-        return lc.LocalCluster.open(data_dir, version=version)
+        return lc.LocalCluster.open(data_dir, version=version, env=env)
     if nodes is None or nodes == 1:
         return None
     if args.controller_port is not None:
         raise BrokerError("--controller-port applies to one node; a cluster's node i uses port+2i and port+2i+1")
     if args.command == "start" and args.fresh:
         if (data_dir / lc.CLUSTER_FILE).is_file():
-            lc.LocalCluster.open(data_dir, version=version, quiet=True).wipe()  # stops it first
+            lc.LocalCluster.open(data_dir, version=version, quiet=True, env=env).wipe()  # stops it first
         shutil.rmtree(data_dir, ignore_errors=True)
-    return lc.LocalCluster(nodes, port=args.port, data_dir=data_dir, version=version, host=args.host)
+    return lc.LocalCluster(nodes, port=args.port, data_dir=data_dir, version=version, host=args.host, env=env)
 
 
-def _cluster_command(args: argparse.Namespace, cluster) -> int:
+def _cluster_command(args: argparse.Namespace, cluster, env: Environment) -> int:
     if args.command == "status":
         print(json.dumps(cluster.status()))
         return 0
@@ -164,25 +168,25 @@ def _cluster_command(args: argparse.Namespace, cluster) -> int:
     if args.foreground:
         raise BrokerError("--foreground runs one node; start a cluster without it")
     cluster.start(timeout=args.timeout)
-    remember(cluster.ports[0][0], cluster.data_dir, cluster.version, len(cluster.nodes))
+    remember(cluster.ports[0][0], cluster.data_dir, cluster.version, len(cluster.nodes), env)
     print(cluster.bootstrap)
     return 0
 
 
-def _record(port: int) -> Path:
-    return cache_root() / "brokers" / f"{port}.json"
+def _record(port: int, env: Environment | None) -> Path:
+    return cache_root(env) / "brokers" / f"{port}.json"
 
 
-def remember(port: int, data_dir: Path, version: str, nodes: int) -> None:
-    """Record the data dir a ``start`` on ``port`` used (``recall``)."""
-    _atomic_write(_record(port), json.dumps({"port": port, "data_dir": str(data_dir), "version": version,
+def remember(port: int, data_dir: Path, version: str, nodes: int, env: Environment | None = None) -> None:
+    """Record the data dir a ``start`` on ``port`` used (``recall``; ``env``: whose cache)."""
+    _atomic_write(_record(port, env), json.dumps({"port": port, "data_dir": str(data_dir), "version": version,
                                                     "nodes": nodes}, indent=1) + "\n")
 
 
-def recall(port: int) -> dict | None:
+def recall(port: int, env: Environment | None = None) -> dict | None:
     """What the last ``start`` on ``port`` recorded, while its data dir exists; else None."""
     try:
-        known = json.loads(_record(port).read_text())
+        known = json.loads(_record(port, env).read_text())
     except (OSError, ValueError):
         return None
     return known if Path(known.get("data_dir", "")).is_dir() else None
