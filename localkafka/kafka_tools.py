@@ -6,8 +6,6 @@ What a Kafka user would check rlstream with, so tests can assert against it::
     rows[0]["CURRENT-OFFSET"], rows[0]["LOG-END-OFFSET"], rows[0]["LAG"]   # ints (None for "-")
     out = run_tool(CONSUMER_GROUPS, "--list", bootstrap=b).stdout
     log_dir_bytes(b, ["t"])                                   # {"t": bytes on the brokers' disks}
-    producer_perf(b, "t", records=10000, record_size=1024)   # {"records/sec": ..., ...}
-    consumer_perf(b, "t", messages=10000)                     # {"MB.sec": ..., "nMsg.sec": ...}
 
 The jars (``org.apache.kafka:kafka-tools:<broker version>`` and its runtime deps) are fetched
 with mvn into ``<cache>/kafka-tools-<version>/lib`` (``localkafka.fetch_maven``).
@@ -37,8 +35,6 @@ from localkafka.paths import (
 )
 
 CONSUMER_GROUPS = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"
-PRODUCER_PERF = "org.apache.kafka.tools.ProducerPerformance"
-CONSUMER_PERF = "org.apache.kafka.tools.ConsumerPerformance"
 LOG_DIRS = "org.apache.kafka.tools.LogDirsCommand"
 
 
@@ -135,36 +131,6 @@ def describe_group(bootstrap: str, group: str, deadline_s: float = 120.0, **kw) 
 
 class _Rows(list):
     text: str = ""
-
-
-def producer_perf(bootstrap: str, topic: str, records: int, record_size: int, throughput: int = -1,
-                  props: Mapping[str, str] | None = None, **kw) -> dict[str, float]:
-    """``kafka-producer-perf-test``; returns its summary line's figures (records/sec, MB/sec,
-    ms avg latency, ms max latency). ``props`` are extra producer settings."""
-    res = run_tool(PRODUCER_PERF, "--topic", topic, "--num-records", str(records),
-                   "--record-size", str(record_size), "--throughput", str(throughput),
-                   "--producer-props", f"bootstrap.servers={bootstrap}",
-                   *(f"{k}={v}" for k, v in (props or {}).items()),
-                   bootstrap=None, config_flag="--producer.config", **kw)
-    last = [line for line in res.stdout.splitlines() if "records sent" in line][-1]
-    return {unit: float(num) for num, unit in
-            re.findall(r"([\d.]+) (records/sec|MB/sec|ms avg latency|ms max latency)", last)}
-
-
-def consumer_perf(bootstrap: str, topic: str, messages: int, **kw) -> dict[str, float]:
-    """``kafka-consumer-perf-test``; returns the figures of its one result line by column name."""
-    res = run_tool(CONSUMER_PERF, "--topic", topic, "--messages", str(messages), "--timeout", "60000",
-                   bootstrap=bootstrap, config_flag="--consumer.config", **kw)
-    lines = [line for line in res.stdout.splitlines() if line.strip()]
-    head = [h.strip() for h in lines[-2].split(",")]
-    vals = [v.strip() for v in lines[-1].split(",")]
-    out = {}
-    for h, v in zip(head, vals):
-        try:
-            out[h] = float(v)
-        except ValueError:
-            continue
-    return out
 
 
 def log_dir_bytes(bootstrap: str, topics: list[str], **kw) -> dict[str, int]:
