@@ -57,14 +57,7 @@ from typing import Any
 
 from agents.core import Algorithm
 from learner.batching import StreamIds
-from learner.core import (  # noqa: F401  (the learner's public names)
-    REASON_INCOMPATIBLE,
-    SEEN_IDS_KEPT,
-    Fragment,
-    LearnerConfig,
-    LearnerCore,
-    LearnerStats,
-)
+from learner.core import Fragment, LearnerConfig, LearnerCore  # noqa: F401  (LearnerConfig: the learner's public name)
 from learner.provenance import record_digest, stamp
 from learner.snapshots.format import ResumeError, SnapshotCorruptError, SnapshotError, SnapshotNotFoundError
 from learner.snapshots.schedule import SnapshotSchedule, newest_timed_ms

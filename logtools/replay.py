@@ -37,7 +37,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
