@@ -138,7 +138,7 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     env = env if env is not None else Environment.read()
     RunDir(cfg.run_dir).claim(cfg.run_id, mode="decoupled", resume=cfg.resume, join=True, algo=cfg.algo,
                               env_id=cfg.env_id, namespace=cfg.bus.namespace)
-    for old in [*cfg.run_dir.glob("*.state.json"), *cfg.run_dir.glob(TIMELINE_FILE)]:
+    for old in [*RunDir(cfg.run_dir).state_files(), *cfg.run_dir.glob(TIMELINE_FILE)]:
         old.unlink()  # a previous run's figures are not this run's
     clear_summaries(cfg.run_dir)
     config_path = write_config(child_config(cfg), cfg.run_dir / CONFIG_FILE)

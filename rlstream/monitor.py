@@ -55,7 +55,7 @@ class RunMonitor:
     def _window_freshness(self) -> float | None:
         fresh = checked = 0
         for name in self.streams:
-            st = read_state(self.cfg.run_dir / f"{name}.state.json") or {}
+            st = read_state(RunDir(self.cfg.run_dir).state_file(name)) or {}
             f, c = st.get("fresh_samples"), st.get("checked_samples")
             if not (isinstance(f, int) and isinstance(c, int)):
                 continue

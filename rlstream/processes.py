@@ -17,6 +17,7 @@ from rlstream.harness import RoleProcess
 from runtime.logging import bind_policy_version
 from runtime.metrics import Metrics
 from runtime.roles import Slot
+from runtime.rundir import RunDir
 
 
 #: An actor's state file carries its newest policy latencies, at most this many (with their
@@ -121,4 +122,4 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
 
 def write_effective_config(cfg: TrainConfig, name: str) -> Path:
     """Record the config role ``name`` runs with (``<run_dir>/<name>.config.json``)."""
-    return write_config(cfg, cfg.run_dir / f"{name}.config.json")
+    return write_config(cfg, RunDir(cfg.run_dir).config_file(name))

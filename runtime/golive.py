@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.progress import TIMELINE_FILE
+from runtime.rundir import STATE_SUFFIX, SUMMARY_FILE, SUMMARY_SUFFIX, RunDir
 
 #: metric -> mode -> (kind, bound(s)). ``max``: value < bound; ``min``: value >= bound;
 #: ``above``: value > bound; ``range``: lo <= value <= hi. Percentages are 0..100.
@@ -124,30 +125,33 @@ def colocated_figures(run: Path, summary: dict[str, Any]) -> dict[str, tuple[Any
     fresh = _num(streams.get("freshness"))
     checked = streams.get("checked_samples")
     return {
-        "policy_latency_p99_ms": (p99, "summary.json policy_latency_ms.p99",
+        "policy_latency_p99_ms": (p99, f"{SUMMARY_FILE} policy_latency_ms.p99",
                                   f"{lat.get('count', 0)} adoptions{_startup(summary.get('startup_adoption_ms'))}"
                                   if p99 is not None else
                                   "no policy latency recorded (no version adopted, or a run from before it was)"),
-        "gpu_utilization_pct": _gpu(summary.get("gpu"), "summary.json"),
-        "throughput_sps": (_num(summary.get("sps")), "summary.json sps", "env steps / run wall time"),
-        "freshness_pct": (None if fresh is None or checked == 0 else 100.0 * fresh, "summary.json streams.freshness",
+        "gpu_utilization_pct": _gpu(summary.get("gpu"), SUMMARY_FILE),
+        "throughput_sps": (_num(summary.get("sps")), f"{SUMMARY_FILE} sps", "env steps / run wall time"),
+        "freshness_pct": (None if fresh is None or checked == 0 else 100.0 * fresh, f"{SUMMARY_FILE} streams.freshness",
                           "" if fresh is not None and checked != 0 else "no sample was checked for staleness"),
     }
 
 
-def _roles(run: Path, prefix: str, suffix: str) -> dict[str, dict[str, Any]]:
+def _roles(run: Path, prefix: str) -> dict[str, dict[str, Any]]:
+    """Role -> summary, of the roles whose name starts with ``prefix``."""
     out = {}
-    for path in sorted(run.glob(f"{prefix}*{suffix}")):
+    for path in RunDir(run).summary_files(prefix):
         data = _read(path)
         if data is not None:
-            out[path.name[: -len(suffix)]] = data
+            out[path.name[: -len(SUMMARY_SUFFIX)]] = data
     return out
 
 
 def decoupled_figures(run: Path) -> dict[str, tuple[Any, str, str]]:
-    actors = _roles(run, "actor-", ".summary.json")
-    learner = _read(run / "learner.summary.json")
-    streams = _roles(run, "streams", ".summary.json")
+    rd = RunDir(run)
+    actors = _roles(run, "actor-")
+    learner = _read(rd.summary_file("learner"))
+    learner_summary = rd.summary_file("learner").name
+    streams = _roles(run, "streams")
     out: dict[str, tuple[Any, str, str]] = {}
 
     p99s = {n: _num((s.get("policy_latency_ms") or {}).get("p99")) for n, s in actors.items()}
@@ -155,23 +159,23 @@ def decoupled_figures(run: Path) -> dict[str, tuple[Any, str, str]]:
     if p99s:
         worst = max(p99s, key=p99s.__getitem__)
         startups = [v for s in actors.values() if (v := _num(s.get("startup_adoption_ms"))) is not None]
-        out["policy_latency_p99_ms"] = (p99s[worst], f"{worst}.summary.json policy_latency_ms.p99",
+        out["policy_latency_p99_ms"] = (p99s[worst], f"{worst}{SUMMARY_SUFFIX} policy_latency_ms.p99",
                                         f"worst of {len(p99s)} actor(s), "
                                         f"{(actors[worst].get('policy_latency_ms') or {}).get('count', 0)} adoptions"
                                         f"{_startup(max(startups) if startups else None)}")
     else:
-        out["policy_latency_p99_ms"] = (None, "actor-*.summary.json", "no actor recorded a policy latency")
+        out["policy_latency_p99_ms"] = (None, f"actor-*{SUMMARY_SUFFIX}", "no actor recorded a policy latency")
 
     if learner is not None:
-        out["gpu_utilization_pct"] = _gpu(learner.get("gpu"), "learner.summary.json")
+        out["gpu_utilization_pct"] = _gpu(learner.get("gpu"), learner_summary)
         trained, wall = _num(learner.get("samples_trained")), _num(learner.get("wall_s"))
         out["throughput_sps"] = ((trained / wall if trained is not None and wall else None),
-                                 "learner.summary.json samples_trained / wall_s", "samples trained per learner second")
+                                 f"{learner_summary} samples_trained / wall_s", "samples trained per learner second")
     else:
-        state = _read(run / "learner.state.json")
+        state = _read(rd.state_file("learner"))
         note = "the learner wrote no summary" + (f" (its last state: {state.get('steps')} samples)" if state else "")
-        out["gpu_utilization_pct"] = (None, "learner.summary.json", note)
-        out["throughput_sps"] = (None, "learner.summary.json", note)
+        out["gpu_utilization_pct"] = (None, learner_summary, note)
+        out["throughput_sps"] = (None, learner_summary, note)
 
     fresh = checked = 0.0
     weighted = total = 0.0
@@ -182,7 +186,7 @@ def decoupled_figures(run: Path) -> dict[str, tuple[Any, str, str]]:
         elif _num(s.get("freshness")) is not None and _num(s.get("received_samples")):
             weighted += s["freshness"] * s["received_samples"]
             total += s["received_samples"]
-    names = ", ".join(f"{n}.summary.json" for n in streams) or "streams*.summary.json"
+    names = ", ".join(f"{n}{SUMMARY_SUFFIX}" for n in streams) or f"streams*{SUMMARY_SUFFIX}"
     if checked or total:
         value = 100.0 * (fresh + weighted) / (checked + total)
         out["freshness_pct"] = (value, f"{names} fresh/checked samples", f"{len(streams)} worker(s)")
@@ -195,15 +199,16 @@ def detect_mode(run: Path) -> tuple[str, dict[str, Any] | None]:
     """(mode, the run's summary.json or None); ``RunUnusable`` when neither mode's files exist."""
     if not run.is_dir():
         raise RunUnusable(f"{run}: no such run directory")
-    summary = _read(run / "summary.json")
+    rd = RunDir(run)
+    summary = _read(rd.summary_file())
     if summary is not None and summary.get("mode") in THRESHOLDS["throughput_sps"]:
         return summary["mode"], summary
-    config = _read(run / "config.json")
-    if (config or {}).get("mode") == "decoupled" or any(run.glob("*.summary.json")) or any(run.glob("*.state.json")):
+    config = _read(rd.config_file())
+    if (config or {}).get("mode") == "decoupled" or rd.summary_files() or rd.state_files():
         return "decoupled", summary
     if summary is not None:
-        raise RunUnusable(f"{run}/summary.json names no mode (colocated or decoupled)")
-    raise RunUnusable(f"{run}: no summary.json, *.summary.json or *.state.json: not a run directory, "
+        raise RunUnusable(f"{run}/{SUMMARY_FILE} names no mode (colocated or decoupled)")
+    raise RunUnusable(f"{run}: no {SUMMARY_FILE}, *{SUMMARY_SUFFIX} or *{STATE_SUFFIX}: not a run directory, "
                       "or the run has not written its figures yet")
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.rundir import write_json_atomic
+from runtime.rundir import RunDir, write_json_atomic
 
 
 #: A run's progress lines over time (``Progress.record_timeline``).
@@ -187,7 +187,7 @@ def short_summary(summary: dict[str, Any], run_id: str, run_dir: Path) -> str:
         timing = f" in {wall:.1f} s ({steps / wall:,.0f} steps/s)" if wall else ""
         trained = f", {updates} updates to policy version {version}" if updates is not None else ""
         lines.append(f"{steps:,} env steps{timing}{trained}")
-    lines.append(f"summary: {Path(run_dir) / 'summary.json'} (--json prints it)")
+    lines.append(f"summary: {RunDir(run_dir).summary_file()} (--json prints it)")
     return "\n".join(lines)
 
 

@@ -19,15 +19,23 @@ from pathlib import Path
 from typing import Any
 
 from config.bus import LATEST_RUN, NAMESPACE_FILE
+from config.runfile import CONFIG_FILE
 
-__all__ = ["LATEST", "MARKER", "RunDir", "RunDirError", "RunInfo", "find_runs", "is_run", "write_json_atomic"]
+__all__ = ["CONFIG_SUFFIX", "LATEST", "MARKER", "STATE_SUFFIX", "SUMMARY_FILE", "SUMMARY_SUFFIX", "RunDir",
+           "RunDirError", "RunInfo", "find_runs", "is_run", "write_json_atomic"]
 
 #: The marker file of a run directory.
 MARKER = "run.json"
 #: ``<runs>/latest``: a link to the newest run's directory.
 LATEST = LATEST_RUN.name
+#: The run's summary (co-located: the whole run's; decoupled: the supervisor's).
+SUMMARY_FILE = "summary.json"
 #: A role's summary in its run directory: ``<run-dir>/<role>.summary.json``.
 SUMMARY_SUFFIX = ".summary.json"
+#: A role's progress so far: ``<run-dir>/<role>.state.json``.
+STATE_SUFFIX = ".state.json"
+#: The config a role runs with: ``<run-dir>/<role>.config.json`` (the run's: ``config.json``).
+CONFIG_SUFFIX = ".config.json"
 #: Version of the marker's layout.
 MARKER_SCHEMA = 1
 
@@ -141,10 +149,22 @@ class RunDir:
 
     def summary_file(self, role: str | None = None) -> Path:
         """``summary.json`` (the run's) or ``<role>.summary.json``."""
-        return self.path / ("summary.json" if role is None else f"{role}{SUMMARY_SUFFIX}")
+        return self.path / (SUMMARY_FILE if role is None else f"{role}{SUMMARY_SUFFIX}")
+
+    def summary_files(self, prefix: str = "") -> list[Path]:
+        """Every role summary whose role starts with ``prefix``, by name."""
+        return sorted(self.path.glob(f"{prefix}*{SUMMARY_SUFFIX}"))
 
     def state_file(self, role: str) -> Path:
-        return self.path / f"{role}.state.json"
+        return self.path / f"{role}{STATE_SUFFIX}"
+
+    def state_files(self) -> list[Path]:
+        """Every role's state file, by name."""
+        return sorted(self.path.glob(f"*{STATE_SUFFIX}"))
+
+    def config_file(self, role: str | None = None) -> Path:
+        """``config.json`` (the run's, ``config.runfile``) or ``<role>.config.json``."""
+        return self.path / (CONFIG_FILE if role is None else f"{role}{CONFIG_SUFFIX}")
 
     @property
     def namespace_file(self) -> Path:

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from config import Environment, PrepareConfig, TrainConfig, read_config
 from config.bus import Replication
 from config.limits import DEFAULT_BOOTSTRAP
+from runtime.rundir import RunDir
 from streams.topics import LEGACY, STREAMS_GROUP, Namespace
 
 #: The file in the run directory where a worker started from a run config records its settings.
-EFFECTIVE_CONFIG_FILE = "streams.config.json"
+EFFECTIVE_CONFIG_FILE = RunDir(".").config_file("streams").name
 #: The metrics/web port of a streams worker (``runtime.ports.DEFAULT_PORTS["streams"]``).
 DEFAULT_WEB_PORT = 9102
 

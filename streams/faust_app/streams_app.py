@@ -419,13 +419,12 @@ class StreamsApp:
         nothing when the run directory is not set."""
         if not self.settings.run_dir:
             return
-        from pathlib import Path
-
         from runtime.progress import write_state
+        from runtime.rundir import RunDir
 
         st = self.prepare.stats.as_dict()
         try:
-            write_state(Path(self.settings.run_dir) / f"{self.settings.process_name}.state.json",
+            write_state(RunDir(self.settings.run_dir).state_file(self.settings.process_name),
                         {k: st[k] for k in ("fresh_samples", "checked_samples")})
         except OSError as e:
             log.warning("could not write the state file: %r", e)
