@@ -55,10 +55,8 @@ from torch import Tensor
 
 from agents.base import BaseAlgorithm, accumulate_tensors, explained_variance, masked_mean, minibatch_indices, rollout_mask
 from agents.core import TrajectoryBatch
-from agents.grpo import group_stats, rollout_returns
 from agents.normalization import RewardScaler
-from agents.ppo.learning import bootstrap_values
-from agents.ppo.losses import compute_gae
+from agents.returns import bootstrap_values, compute_gae, group_stats, rollout_returns
 from agents.vtrace import VTraceConfig, behaviour_weights, vtrace
 
 __all__ = ["AGROConfig", "AGRO", "agro_loss"]

@@ -41,7 +41,8 @@ import torch
 from torch import Tensor
 
 from agents.core import TrajectoryBatch
-from agents.grpo import GRPO, GRPOConfig, group_advantages, group_stats, rollout_returns
+from agents.grpo import GRPO, GRPOConfig
+from agents.returns import group_advantages, group_stats, rollout_returns
 
 __all__ = ["DAPOConfig", "DAPO", "overlong_penalty", "unfinished_rollouts", "dynamic_sampling_mask"]
 

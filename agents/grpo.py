@@ -29,7 +29,8 @@ from torch import Tensor
 
 from agents.base import BaseAlgorithm, accumulate_tensors, PolicyConfig, masked_mean, minibatch_indices, rollout_mask
 from agents.core import TrajectoryBatch
-from agents.ppo.losses import clipped_surrogate, ratio_stats
+from agents.losses import clipped_surrogate, ratio_stats
+from agents.returns import group_advantages, group_stats, rollout_returns
 
 __all__ = ["GRPOConfig", "GRPO", "rollout_returns", "group_advantages", "group_stats", "k3_kl", "aggregate_loss"]
 
@@ -65,51 +66,6 @@ class GRPOConfig(PolicyConfig):
     """"sequence": mean over a rollout's steps, then over rollouts; "token": sum over all valid steps / their count."""
     use_sample_weight: bool = True
     """Multiply per-step losses by ``batch.sample_weight`` when present."""
-
-
-@torch.no_grad()
-def rollout_returns(rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:
-    """``[N]`` return of each column over its valid steps: ``sum_t gamma^t * r_t * mask_t``."""
-    T = rewards.shape[0]
-    disc = gamma ** torch.arange(T, dtype=rewards.dtype, device=rewards.device)
-    return (rewards * mask.to(rewards.dtype) * disc.unsqueeze(1)).sum(0)
-
-
-def group_stats(values: Tensor, group_id: Optional[Tensor], unbiased: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per-column ``(group_mean, group_std, group_size, group_index)`` of ``values [N]``.
-
-    ``group_index`` maps each column to ``0..num_groups - 1``. ``group_id=None``
-    puts every column in one group.
-    """
-    n = values.shape[0]
-    if group_id is None:
-        inverse = torch.zeros(n, dtype=torch.int64, device=values.device)
-    else:
-        _, inverse = torch.unique(group_id.to(values.device), return_inverse=True)
-    num_groups = int(inverse.max()) + 1 if n else 0
-    ones = torch.ones_like(values)
-    size = torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(0, inverse, ones)
-    total = torch.zeros_like(size).index_add_(0, inverse, values)
-    mean = total / size
-    sq = torch.zeros_like(size).index_add_(0, inverse, (values - mean[inverse]).pow(2))
-    denom = (size - 1.0).clamp_min(1.0) if unbiased else size
-    std = torch.sqrt(sq / denom)
-    std = torch.where(size > 1, std, torch.zeros_like(std))
-    return mean[inverse], std[inverse], size[inverse], inverse
-
-
-@torch.no_grad()
-def group_advantages(
-    returns: Tensor,
-    group_id: Optional[Tensor],
-    eps: float = 1e-4,
-    scale_by_std: bool = True,
-    unbiased: bool = True,
-) -> Tensor:
-    """``(R - mean_group) / (std_group + eps)`` per column (``[N]``)."""
-    mean, std, _, _ = group_stats(returns, group_id, unbiased)
-    adv = returns - mean
-    return adv / (std + eps) if scale_by_std else adv
 
 
 def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:

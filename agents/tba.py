@@ -66,7 +66,7 @@ from torch import Tensor, nn
 from agents.agro import AGRO, AGROConfig
 from agents.base import accumulate_tensors, minibatch_indices, rollout_mask
 from agents.core import TrajectoryBatch
-from agents.grpo import group_stats, rollout_returns
+from agents.returns import group_stats, rollout_returns
 
 __all__ = ["TBAConfig", "TBA", "staleness_weights", "trajectory_balance_loss"]
 

@@ -1,6 +1,9 @@
-"""The one table of per-algorithm defaults: data collection, batching and the stream processors'
-staleness and importance settings. Pure data, read by ``agents.base`` (``is_on_policy``),
-``config.PrepareConfig.for_algo`` and ``config.TrainConfig``."""
+"""The data half of each algorithm's spec: its row of defaults (data collection, batching, the
+stream processors' staleness and importance settings) and its ``--overlap`` correction. Pure
+data, so the CLI and ``config.TrainConfig`` read it without torch; ``agents.registry.SPECS``
+binds each row to its config and algorithm classes and its replay rule (a new algorithm: a row
+here, a spec there). Read by ``agents.base`` (``is_on_policy``), ``config.PrepareConfig.for_algo``
+and ``config.TrainConfig``."""
 
 from __future__ import annotations
 

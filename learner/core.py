@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from agents.core import Algorithm
-from agents.vtrace import VTraceConfig, behaviour_weights, importance_weights
+from agents.registry import algorithm_spec
 from config.limits import DEFAULT_CLAIM_CHECK_ABOVE
 from learner.batching import StreamIds, to_device, to_trajectory_batch
 from learner.ranks import Ranks, SingleRank
@@ -279,18 +279,14 @@ class LearnerCore:
     @torch.no_grad()
     def restate(self, f: Fragment) -> Fragment:
         """Cached fragment ``f`` as this update trains on it: restated for the policy the model
-        holds now (``learner.replay.replayed_batch``), with the algorithm's IS cap rule."""
+        holds now (``learner.replay.replayed_batch``), with its spec's IS rule (``replay_weights``)."""
         s, policy = f.batch.sample, self.algo.policy
         dev = next(policy.parameters()).device
         logp = policy.log_prob(torch.tensor(s.obs, device=dev), torch.tensor(s.actions, device=dev))  # (copies: read-only records)
-        cfg = self.algo.config
+        cfg, rule = self.algo.config, algorithm_spec(self.algo.name).replay_weights
 
         def weights(log_ratio: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            lr = torch.as_tensor(log_ratio)
-            if isinstance(cfg, VTraceConfig):
-                rho, c, _ = behaviour_weights(cfg, lr)
-            else:
-                rho, c, _, _ = importance_weights(lr)
+            rho, c = rule(cfg, torch.as_tensor(log_ratio))
             return rho.numpy(), c.numpy()
 
         pb = replayed_batch(f.batch, self.model_version, logp.cpu().numpy(), weights)

@@ -53,14 +53,15 @@ def blob_store_of(redis_url: str | None, cache: str | None):
 
 def build_algo(cfg: TrainConfig, obs_dim: int, act_dim: int, nvec: tuple[int, ...] = ()):
     """The algorithm of ``cfg``; ``nvec``: discrete action choices (categorical policy head)."""
-    from agents.registry import make_algorithm, make_config
+    from agents.registry import algorithm_spec, make_algorithm, make_config
 
     overrides = dict(cfg.algo_overrides)
     if nvec:
         overrides["action_nvec"] = tuple(nvec)
     overrides.setdefault("seed", cfg.seed)
-    if cfg.algo == "ppo" and "total_updates" not in overrides:
-        overrides["total_updates"] = max(1, cfg.total_steps // cfg.train_batch_size)
+    updates = algorithm_spec(cfg.algo).updates_field  # e.g. PPO's learning-rate annealing
+    if updates is not None and updates not in overrides:
+        overrides[updates] = max(1, cfg.total_steps // cfg.train_batch_size)
     torch.manual_seed(cfg.seed)
     if "capture_update" not in overrides:
         overrides["capture_update"] = capture_update(cfg, make_config(cfg.algo, overrides))

@@ -11,41 +11,14 @@ from agents.base import BaseAlgorithm, explained_variance, minibatch_indices
 from agents.core import TrajectoryBatch
 from agents.normalization import RewardScaler
 from agents.ppo.config import PPOConfig
-from agents.ppo.losses import compute_gae, policy_loss, value_loss
+from agents.ppo.losses import policy_loss, value_loss
+from agents.returns import bootstrap_values, compute_gae
 from agents.vtrace import behaviour_weights, vtrace
 
 __all__ = ["PPO", "bootstrap_values"]
 
 _STATS = ("loss_policy", "loss_value", "loss_entropy", "loss_total", "entropy", "approx_kl", "old_approx_kl",
           "clipfrac", "ratio_mean", "grad_norm")
-
-
-@torch.no_grad()
-def bootstrap_values(
-    policy, batch: TrajectoryBatch, bootstrap_on_truncation: bool, use_batch_values: bool = True
-) -> tuple[Tensor, Tensor, Optional[Tensor]]:
-    """``(values [T, N], last_value [N], final_values [T, N] or None)`` with the current policy.
-
-    Behaviour-time ``batch.values`` are used when present and ``use_batch_values``. ``last_obs`` may be
-    omitted only if every column ended at the last step; ``next_obs_final`` is
-    required when some step is truncated and bootstrapping is on.
-    """
-    values = batch.values if (use_batch_values and batch.values is not None) else policy.value(batch.obs)
-    done_last = batch.terminated[-1] | batch.truncated[-1]
-    if batch.last_obs is not None:
-        last_value = policy.value(batch.last_obs)
-    elif bool(done_last.all()):
-        last_value = torch.zeros_like(values[0])
-    else:
-        raise ValueError("TrajectoryBatch.last_obs is required to bootstrap unfinished columns")
-    final_values = None
-    if bootstrap_on_truncation and bool(batch.truncated.any()):
-        if batch.next_obs_final is None:
-            raise ValueError("TrajectoryBatch.next_obs_final is required when steps are truncated (bootstrap_on_truncation)")
-        trunc = batch.truncated
-        final_values = torch.zeros_like(values)
-        final_values[trunc] = policy.value(batch.next_obs_final[trunc])
-    return values, last_value, final_values
 
 
 class PPO(BaseAlgorithm):

@@ -1,4 +1,5 @@
-"""PPO math: GAE with truncation bootstrapping, clipped surrogate, clipped value loss."""
+"""PPO losses: the clipped policy objective and the clipped value loss. GAE and the clipped
+surrogate live in ``agents.returns`` and ``agents.losses`` (re-exported here for old imports)."""
 
 from __future__ import annotations
 
@@ -8,68 +9,10 @@ import torch
 from torch import Tensor
 
 from agents.base import masked_mean
-from agents.scan import discounted_scan
+from agents.losses import clipped_surrogate, ratio_stats
+from agents.returns import compute_gae
 
 __all__ = ["compute_gae", "clipped_surrogate", "policy_loss", "value_loss", "ratio_stats"]
-
-
-@torch.no_grad()
-def compute_gae(
-    rewards: Tensor,
-    values: Tensor,
-    terminated: Tensor,
-    truncated: Tensor,
-    last_value: Tensor,
-    final_values: Optional[Tensor],
-    gamma: float,
-    lam: float,
-) -> tuple[Tensor, Tensor]:
-    """Generalised advantage estimation over a time-major ``[T, N]`` batch.
-
-    ``next_value[t]`` is ``values[t + 1]`` (``last_value`` at ``t = T - 1``), except:
-
-    * terminated at t: 0 (no bootstrap);
-    * truncated at t: ``final_values[t]`` = V(true final obs), not the value of
-      the reset obs that follows in ``values[t + 1]``. With ``final_values=None``
-      truncation is treated as termination (CleanRL's behaviour).
-
-    ``delta[t] = r[t] + gamma * next_value[t] - values[t]`` and the trace is cut
-    at every episode end: ``A[t] = delta[t] + gamma * lam * (1 - done[t]) * A[t + 1]``.
-
-    Returns ``(advantages, returns = advantages + values)``.
-    """
-    terminated = terminated.bool()
-    truncated = truncated.bool()
-    next_values = torch.cat([values[1:], last_value.reshape(1, -1).to(values)], dim=0)
-    boot = final_values.to(values) if final_values is not None else torch.zeros_like(values)
-    next_values = torch.where(truncated, boot, next_values)
-    next_values = torch.where(terminated, torch.zeros_like(values), next_values)
-    deltas = rewards + gamma * next_values - values
-    carry = gamma * lam * (~(terminated | truncated)).to(values.dtype)
-    advantages = discounted_scan(deltas, carry)
-    return advantages, advantages + values
-
-
-def clipped_surrogate(ratio: Tensor, advantages: Tensor, clip_low: float, clip_high: Optional[float] = None) -> Tensor:
-    """Per-sample clipped surrogate *loss* ``max(-A * r, -A * clip(r, 1 - low, 1 + high))``."""
-    high = clip_low if clip_high is None else clip_high
-    return torch.maximum(-advantages * ratio, -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + high))
-
-
-@torch.no_grad()
-def ratio_stats(
-    logratio: Tensor, clip_low: float, clip_high: Optional[float] = None, mask: Optional[Tensor] = None
-) -> dict[str, Tensor]:
-    """Diagnostics: ``approx_kl`` (k3, ``(r - 1) - log r``), ``old_approx_kl`` (``-log r``), ``clipfrac``, ``ratio_mean``."""
-    high = clip_low if clip_high is None else clip_high
-    ratio = logratio.exp()
-    clipped = ((ratio < 1.0 - clip_low) | (ratio > 1.0 + high)).to(ratio.dtype)
-    return {
-        "approx_kl": masked_mean((ratio - 1.0) - logratio, mask),
-        "old_approx_kl": masked_mean(-logratio, mask),
-        "clipfrac": masked_mean(clipped, mask),
-        "ratio_mean": masked_mean(ratio, mask),
-    }
 
 
 def policy_loss(
