@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from agents.core import Algorithm
-from agents.registry import algorithm_spec
+from agents.registry import SPECS, algorithm_spec
 from config.limits import DEFAULT_CLAIM_CHECK_ABOVE
 from learner.batching import StreamIds, to_device, to_trajectory_batch
 from learner.ranks import Ranks, SingleRank
@@ -176,7 +176,8 @@ class LearnerCore:
     def __init__(self, config: LearnerConfig, algo: Algorithm, ranks: Ranks | None = None,
                  stream_ids: StreamIds | None = None, replay: ReplayCache | None = None) -> None:
         if replay is not None and getattr(algo, "is_on_policy", True):
-            raise ValueError(f"sample replay needs an off-policy algorithm (agro, tba), not {config.algo!r}")
+            offp = ", ".join(n for n, s in SPECS.items() if not s.defaults.on_policy and s.defaults.online)
+            raise ValueError(f"sample replay needs an off-policy algorithm ({offp}), not {config.algo!r}")
         self.replay = replay
         self.config = config
         self.algo = algo
