@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from config.bus import LATEST_RUN, NAMESPACE_FILE
-from config.runfile import CONFIG_FILE
+from config.runfile import CONFIG_FILE, write_text_atomic
 
 __all__ = ["CONFIG_SUFFIX", "LATEST", "MARKER", "STATE_SUFFIX", "SUMMARY_FILE", "SUMMARY_SUFFIX", "RunDir",
            "RunDirError", "RunInfo", "find_runs", "is_run", "write_json_atomic"]
@@ -54,16 +54,8 @@ class RunDirError(ValueError):
 
 def write_json_atomic(path: str | Path, obj: Any, *, indent: int | None = 2) -> Path:
     """Write ``obj`` as JSON to ``path`` through a temp file of this process and a rename, so a
-    reader sees the old file or the new one, never half of one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    try:
-        tmp.write_text(json.dumps(obj, indent=indent, sort_keys=True, default=str) + "\n")
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    reader sees the old file or the new one, never half of one (``config.runfile.write_text_atomic``)."""
+    return write_text_atomic(path, json.dumps(obj, indent=indent, sort_keys=True, default=str) + "\n")
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
