@@ -11,9 +11,9 @@ The learner shell (``learner/``) drives every algorithm the same way::
         publish(algo.policy.state_dict())         # next version
         if time_to_snapshot: save(algo.state_dict())
 
-Actors only need the ``Policy`` module (``registry.make_policy``) and
-``policy.load_state_dict(weights)``; they call ``policy.act`` and never update
-anything.
+Actors only need the ``Policy`` module, built from a version's recorded architecture
+(``policy_from_arch``, through ``streams.policies``' loader) with its weights loaded; they call
+``policy.act`` and never update anything.
 
 ``TrajectoryBatch`` conventions (time-major, ``T`` steps by ``N`` columns):
 

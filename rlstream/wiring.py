@@ -185,7 +185,7 @@ def build_prepare(cfg: PrepareConfig, blob_store: BlobStore | None, metrics: Met
                   actor_state=None):
     """The stream processors (``Prepare``) of every shell: importance weights against any policy
     version, claim-checked ones through ``blob_store``; ``actor_state``: the Faust shell's table."""
-    from streams.processors.importance import PolicyLogpFn
+    from streams.policies import PolicyLogpFn
     from streams.processors.pipeline import Prepare
 
     return Prepare.from_config(cfg, PolicyLogpFn.factory(blob_store), metrics=metrics, actor_state=actor_state)

@@ -106,12 +106,3 @@ class ImportanceWeights:
             return self.ones(batch.behaviour_logp.shape)
         return self.from_logps(batch.behaviour_logp, logp_fn(batch.obs, batch.actions))
 
-
-def __getattr__(name: str):
-    """``PolicyLogpFn`` and ``PolicyBuildError`` (= ``PolicyLoadError``) moved out: import them from
-    ``streams.policies``. Kept, resolved on first use only, until the last caller moves."""
-    if name in ("PolicyLogpFn", "PolicyBuildError"):
-        from streams import policies
-
-        return policies.PolicyLogpFn if name == "PolicyLogpFn" else policies.PolicyLoadError
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
