@@ -114,10 +114,13 @@ def test_the_policy_layer_is_below_every_role():
     for module in layer:
         bad = [t for t in _graph()[module] if not any(t == p or t.startswith(p + ".") for p in allowed)]
         assert not bad, f"{module} imports {sorted(bad)}"
-    # and every role and tool that handles policies goes through it
+    # and every role and tool that handles policies goes through it (the importance processor's
+    # loader is injected by wiring: the pure processors import no policy layer)
     for user in ("actor.policy_client", "learner.learner", "logtools.subscribe", "logtools.serve",
-                 "logtools.rollback", "streams.processors.importance"):
+                 "logtools.rollback", "rlstream.wiring"):
         assert POLICY_LAYER in _graph()[user], f"{user} does not use {POLICY_LAYER}"
+    pure = [m for m in _graph() if m.startswith("streams.processors")]
+    assert len(pure) >= 5 and not [m for m in pure if any(t.startswith("streams.polic") for t in _graph()[m])]
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
