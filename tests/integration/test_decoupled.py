@@ -253,8 +253,11 @@ def test_train_decoupled_smoke(rl_topics, tmp_path):
                          start_new_session=True)
     try:
         # every child exports its metrics on its own port, listed for Prometheus' file_sd
-        targets = wait_for(lambda: json.loads((run_dir / "prometheus.targets.json").read_text()), 120,
-                           "the run's scrape targets", ignore=(OSError, ValueError))
+        def scrape_targets():
+            assert p.poll() is None, f"rlstream train exited {p.returncode} early: {p.stderr.read()[-2000:]}"
+            return json.loads((run_dir / "prometheus.targets.json").read_text())
+
+        targets = wait_for(scrape_targets, 120, "the run's scrape targets", ignore=(OSError, ValueError))
         by_process = {t["labels"]["process"]: t["targets"][0] for t in targets}
         assert set(by_process) == {"learner", "streams", "actor-0"}
         assert {t["labels"]["role"] for t in targets} == {"learner", "streams", "actor"}
