@@ -103,7 +103,7 @@ def test_verify_names_changed_algorithm_code_as_the_cause(colocated_run, monkeyp
     diverges, and the report names the code digest, not only 'identical inputs'."""
     import torch
 
-    import agents.ppo.losses as losses
+    import agents.returns as returns
     import learner.provenance as provenance
     from logtools.timetravel.verify import KERNEL
 
@@ -117,7 +117,7 @@ def test_verify_names_changed_algorithm_code_as_the_cause(colocated_run, monkeyp
     run_dir, _ = colocated_run
     recorded = load(run_dir).provenance(0)["determinism"]["algorithm_code"]
     assert recorded == provenance.algorithm_code()
-    monkeypatch.setattr(losses, "discounted_scan", sequential)
+    monkeypatch.setattr(returns, "discounted_scan", sequential)
     monkeypatch.setattr(provenance, "algorithm_code", lambda: "0123456789abcdef")
     report = verify(load(run_dir), run_dir / "snapshots")
     assert not report.ok
