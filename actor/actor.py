@@ -16,6 +16,10 @@ does): each step's behaviour version is then in ``step_versions`` and each log-p
 of the version that acted; ``policy_version`` is the first (oldest) one. Otherwise a fragment
 has one version (swapped only between fragments; co-located runs always). NaN/inf from an env never reaches a topic: the fragment is discarded,
 the envs reset, and the rejection counted and logged.
+
+The actor keeps its own account of what the bus acknowledged (``Acknowledgements``: each
+published batch's delivery report, by ``seq``), in its summary: a fault ledger compares it with
+what the samples topic holds, so "produced" never means only "what reached the topic".
 """
 
 from __future__ import annotations
@@ -31,6 +35,44 @@ from actor.rollout import Rollout
 from schemas.events import SampleBatch
 from streams.events import EventBus
 from streams.topics import SAMPLES_RAW
+
+
+class Acknowledgements:
+    """This actor's batches by ``seq``: published and not yet settled (``pending``), acknowledged
+    by the bus (Kafka: the broker, at ``acks=all``), or failed for good with the error's text.
+    Settled from the bus's delivery reports (``Bus.produce``'s ``on_delivery``), which run inside
+    the actor's own produce and flush calls."""
+
+    def __init__(self) -> None:
+        self.pending: set[int] = set()
+        self.acknowledged: list[int] = []
+        self.failed: dict[int, str] = {}
+
+    def sent(self, seq: int) -> Callable[[str | None], None]:
+        """Record ``seq`` as published; the callback that settles it."""
+        self.pending.add(seq)
+
+        def settle(error: str | None) -> None:
+            self.pending.discard(seq)
+            if error is None:
+                self.acknowledged.append(seq)
+            else:
+                self.failed[seq] = error
+        return settle
+
+    def summary(self) -> dict:
+        """``acknowledged`` (count), ``acknowledged_seqs`` (sorted inclusive ``[first, last]``
+        ranges: ``[[0, 41]]`` for 42 batches without a gap), ``unacknowledged`` (published, no
+        report yet) and ``delivery_failed`` (seq -> error)."""
+        ranges: list[list[int]] = []
+        for s in sorted(self.acknowledged):
+            if ranges and s == ranges[-1][1] + 1:
+                ranges[-1][1] = s
+            else:
+                ranges.append([s, s])
+        return {"acknowledged": len(self.acknowledged), "acknowledged_seqs": ranges,
+                "unacknowledged": len(self.pending),
+                "delivery_failed": {str(s): e for s, e in sorted(self.failed.items())}}
 
 
 @dataclass(frozen=True)
@@ -88,6 +130,7 @@ class Actor:
         self.rollout = rollout if rollout is not None else Rollout(config, env)
         self.spec = self.rollout.spec
         self.seq = 0
+        self.acks = Acknowledgements()
         self.rejected = 0
         self._consecutive_rejects = 0
         self.steps = 0
@@ -140,7 +183,7 @@ class Actor:
                 ) from e
             return None
         self._consecutive_rejects = 0
-        self.events.publish(SAMPLES_RAW, batch, key=self.config.actor_id)
+        self.events.publish(SAMPLES_RAW, batch, key=self.config.actor_id, on_delivery=self.acks.sent(batch.seq))
         self.seq += 1
         if flow is not None:
             flow.on_published(batch.num_steps, batch.newest_version)
@@ -173,6 +216,7 @@ class Actor:
     def summary(self) -> dict:
         """What this actor did (the role protocol's summary)."""
         return {"role": "actor", "actor_id": self.config.actor_id, "steps": self.steps, "seq": self.seq,
+                **self.acks.summary(),
                 "rejected_fragments": self.rejected, "policy_versions_adopted": self.subscriber.adopted,
                 "cut_fragments": self.cut_fragments, "inflight_swaps": self.inflight_swaps,
                 "policy_latency_parts_ms": getattr(self.subscriber, "parts_ms", dict)(),

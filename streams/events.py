@@ -93,10 +93,13 @@ class EventBus:
         self.codec = codec or Codec()
         self.dead_letters = DeadLetters(bus, self.codec, on_dead_letter, topic=dead_letter_topic, on_skip=on_skip)
 
-    def publish(self, topic: str, event: Any, key: str | bytes | None = None) -> None:
+    def publish(self, topic: str, event: Any, key: str | bytes | None = None,
+                on_delivery: Callable[[str | None], None] | None = None) -> None:
+        """Encode and produce ``event``; ``on_delivery``: ``Bus.produce``'s (acknowledged or failed)."""
         if isinstance(key, str):
             key = key.encode()
-        self.bus.produce(topic, self.codec.encode(event), key=key, headers=self.codec.headers_for(event))
+        kw = {} if on_delivery is None else {"on_delivery": on_delivery}
+        self.bus.produce(topic, self.codec.encode(event), key=key, headers=self.codec.headers_for(event), **kw)
 
     def flush(self, timeout: float = 30.0) -> None:
         self.bus.flush(timeout)

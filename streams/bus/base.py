@@ -22,7 +22,7 @@ Semantics both backends keep (tests/streams/test_bus_contract.py checks them):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -156,8 +156,13 @@ class Bus(ABC):
         key: bytes | None = None,
         headers: dict[str, bytes] | None = None,
         partition: int | None = None,
+        on_delivery: Callable[[str | None], None] | None = None,
     ) -> None:
-        ...
+        """Append a record. ``on_delivery``, if given, is called once for it: with None when the
+        log holds it durably (Kafka: the broker acknowledged it, at the producer's ``acks``), or
+        with the error's text when its delivery failed for good. Kafka calls it from inside a
+        later ``produce``, ``flush`` or ``close`` of this bus (every record is settled by a
+        ``flush`` that returns or raises); memory calls it before ``produce`` returns."""
 
     @abstractmethod
     def flush(self, timeout: float = 30.0) -> None:

@@ -143,7 +143,7 @@ class MemoryBus(Bus):
             return self._parts(topic)[partition].base
 
     # -- produce ----------------------------------------------------------------------------
-    def produce(self, topic, value, key=None, headers=None, partition=None) -> None:
+    def produce(self, topic, value, key=None, headers=None, partition=None, on_delivery=None) -> None:
         if self._closed:
             raise BusError("bus is closed")
         if not isinstance(value, (bytes, bytearray, memoryview)):
@@ -167,6 +167,8 @@ class MemoryBus(Bus):
             if self._log is not None:
                 self._log.append(rec)
             self._cond.notify_all()
+        if on_delivery is not None:  # the append is the log: acknowledged at once
+            on_delivery(None)
 
     def flush(self, timeout: float = 30.0) -> None:
         """Appends are synchronous in memory; with a ``path``, this writes the files out."""

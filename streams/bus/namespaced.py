@@ -68,8 +68,10 @@ class NamespacedBus(Bus):
         self.inner.create_topics([replace(s, name=self.ns.topic(s.name)) for s in specs])
 
     def produce(self, topic: str, value: bytes, key: bytes | None = None,
-                headers: dict[str, bytes] | None = None, partition: int | None = None) -> None:
-        self.inner.produce(self.ns.topic(topic), value, key=key, headers=headers, partition=partition)
+                headers: dict[str, bytes] | None = None, partition: int | None = None,
+                on_delivery=None) -> None:
+        self.inner.produce(self.ns.topic(topic), value, key=key, headers=headers, partition=partition,
+                           on_delivery=on_delivery)
 
     def flush(self, timeout: float = 30.0) -> None:
         self.inner.flush(timeout)

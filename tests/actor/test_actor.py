@@ -87,6 +87,27 @@ def test_actor_waits_for_a_policy_then_tags_batches_with_its_version(events):
     np.testing.assert_allclose(logp, b1.behaviour_logp, rtol=1e-4, atol=1e-4)
 
 
+def test_actor_accounts_for_what_the_bus_acknowledged_by_seq(events):
+    """The summary carries the actor's own account of its batches (``Acknowledgements``): each
+    delivery report settles one seq, acknowledged or failed with the error's text."""
+    actor = Actor(ActorConfig(env_id="Pendulum-v1", num_envs=1, fragment_steps=8),
+                  PolicySubscriber(events, "policy", "actor"), events)
+    publish_policy(events, 0, Policy(3, 1))
+    for _ in range(3):
+        assert actor.step() is not None
+    s = actor.summary()
+    assert (s["seq"], s["acknowledged"], s["acknowledged_seqs"], s["unacknowledged"], s["delivery_failed"]) == \
+        (3, 3, [[0, 2]], 0, {})
+    assert [b.seq for b in published(events)] == [0, 1, 2]
+    # a report that has not come yet, and one of a failure (Kafka's, settled in a later flush)
+    late, bad = actor.acks.sent(3), actor.acks.sent(4)
+    assert actor.acks.summary()["unacknowledged"] == 2
+    late(None)
+    bad("_MSG_TIMED_OUT: Local: Message timed out")
+    assert actor.acks.summary() == {"acknowledged": 4, "acknowledged_seqs": [[0, 3]], "unacknowledged": 0,
+                                    "delivery_failed": {"4": "_MSG_TIMED_OUT: Local: Message timed out"}}
+
+
 @pytest.mark.parametrize("what", ["obs", "reward"])
 def test_non_finite_env_output_is_rejected_counted_and_never_published(events, what):
     rejects = []

@@ -380,6 +380,25 @@ def test_delivery_failure_is_raised_not_lost(bus, new_topic):
         assert bus.delivery_failures == 1
 
 
+def test_on_delivery_reports_each_record_once_acknowledged_or_failed(bus, new_topic):
+    """A record's ``on_delivery`` hears once of it: the error's text when its delivery failed
+    (raised by the flush), None when the log holds it (settled by the flush that returns)."""
+    topic = new_topic(partitions=1)
+    reports: list[tuple[int, str | None]] = []
+    if bus.name == "kafka":  # (memory refuses a bad partition in produce itself: no record, no report)
+        with pytest.raises(BusError):  # the producer has no metadata of it yet: fails at delivery
+            bus.produce(topic, b"x", partition=7, on_delivery=lambda err: reports.append((7, err)))
+            bus.flush()
+        assert [i for i, _ in reports] == [7] and "PARTITION" in (reports[0][1] or "").upper(), reports
+        assert bus.delivery_failures == 1  # the bus's own accounting still sees it
+        reports.clear()
+    for i in range(5):
+        bus.produce(topic, b"v%d" % i, on_delivery=lambda err, i=i: reports.append((i, err)))
+    bus.flush()
+    assert sorted(reports) == [(i, None) for i in range(5)]
+    assert [r.value for r in bus.read_all(topic)] == [b"v%d" % i for i in range(5)]
+
+
 def test_closed_bus_refuses_produce(bus, new_topic):
     topic = new_topic(partitions=1)
     bus.close()

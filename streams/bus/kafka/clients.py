@@ -55,7 +55,7 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "queue.buffering.max.kbytes": 512 * 1024,
     "queue.buffering.max.messages": 200000,
     "message.max.bytes": MAX_MESSAGE_BYTES,
-    "delivery.report.only.error": True,  # success needs no callback: flush waits for it
+    "delivery.report.only.error": False,  # a record's on_delivery hears of its acknowledgement too
 }
 
 CONSUMER_DEFAULTS: dict[str, Any] = {

@@ -30,7 +30,7 @@ class KafkaBus(KafkaAdmin, Bus):
     name = "kafka"
 
     # -- produce ----------------------------------------------------------------------------
-    def produce(self, topic, value, key=None, headers=None, partition=None) -> None:
+    def produce(self, topic, value, key=None, headers=None, partition=None, on_delivery=None) -> None:
         if self._closed:
             raise BusError("bus is closed")
         if self._fatal is not None:
@@ -46,6 +46,8 @@ class KafkaBus(KafkaAdmin, Bus):
             kw["headers"] = headers
         if partition is not None:
             kw["partition"] = partition
+        if on_delivery is not None:  # the record's own report, beside the bus's accounting
+            kw["on_delivery"] = self._reporting(on_delivery)
         deadline = None
         while True:
             try:
@@ -67,6 +69,14 @@ class KafkaBus(KafkaAdmin, Bus):
                 raise BusError(f"produce to {topic} failed: {e}") from e
         self._produced += 1
         self._producer.poll(0)
+
+    def _reporting(self, on_delivery):
+        """A record's delivery callback: the bus's own (failures counted and raised by ``flush``),
+        then ``on_delivery(None or the error's text)``."""
+        def report(err, msg) -> None:
+            self._on_delivery(err, msg)
+            on_delivery(None if err is None else f"{err.name()}: {err.str()}")
+        return report
 
     def flush(self, timeout: float = 30.0) -> None:
         if self._producer_client is None:
