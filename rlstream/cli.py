@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import uuid
 from dataclasses import replace
@@ -384,7 +385,12 @@ def main(argv: list[str] | None = None) -> int:
     from streams.bus.base import BusAuthenticationError, BusError, ReplicationError
 
     try:
-        return handlers[a.command](a)
+        rc = handlers[a.command](a)
+        sys.stdout.flush()  # inside the try: a reader gone shows here, not as a traceback at exit
+        return rc
+    except BrokenPipeError:  # `rlstream lineage RUN | head`: the reader left; end quietly, as SIGPIPE would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except SystemExit as e:
         if not isinstance(e.code, str):
             raise
