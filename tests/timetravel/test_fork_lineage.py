@@ -102,3 +102,25 @@ def test_lineage_lists_what_was_dead_lettered_before_the_version_with_its_reason
     assert lin["dropped_by_reason"] == {"stale_versions": 1}
     (d,) = lin["dropped"]
     assert d["batch_id"] == run.steps[0][1].batch_ids[0] and d["stage"] == "streams" and d["detail"] == "3 versions behind"
+
+
+def test_lineage_into_a_closed_pipe_ends_quietly(colocated_run):
+    """``rlstream lineage RUN | head``: when the reader has gone, the command ends as a Unix tool
+    killed by SIGPIPE would (status 141), with no traceback on stderr."""
+    import os
+    import subprocess
+    import sys
+
+    from .test_verify_colocated import ROOT
+
+    run_dir, summary = colocated_run
+    r, w = os.pipe()
+    os.close(r)  # the reader left before the first line
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    try:
+        p = subprocess.run([sys.executable, "-m", "rlstream.cli", "lineage", str(run_dir), "--version",
+                            str(summary["final_policy_version"])], cwd=str(ROOT), env=env, stdout=w,
+                           stderr=subprocess.PIPE, text=True, timeout=600)
+    finally:
+        os.close(w)
+    assert p.returncode == 141 and p.stderr == "", p.stderr
