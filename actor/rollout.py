@@ -72,114 +72,135 @@ class Rollout:
         as ``(policy, version)`` or None. With ``config.inflight`` the next steps act with it
         within this fragment (``step_versions``); without, the fragment ends there. Never asked
         in group mode. NonFiniteEnvError if an env returns NaN/inf (call ``reset`` then)."""
-        cfg, spec = self.config, self.spec
-        N = cfg.num_envs
-        if cfg.group_size > 0:
-            self.reset()
-        obs_buf = np.empty((T, N, spec.obs_dim), np.float32)
-        act_buf = np.empty((T, N, spec.act_dim), np.float32)
-        rew_buf = np.empty((T, N), np.float32)
-        term_buf = np.empty((T, N), bool)
-        trunc_buf = np.empty((T, N), bool)
-        logp_buf = np.empty((T, N), np.float32)
-        final_idx: list[int] = []
-        final_obs: list[np.ndarray] = []
-        ep_returns: list[float] = []
-        ep_lengths: list[int] = []
-        obs = self._obs
+        cfg = self.config
         grouped = cfg.group_size > 0
+        if grouped:
+            self.reset()
+        f = _Fragment(T, cfg.num_envs, self.spec, version)
+        obs = self._obs
         swap_every = cfg.swap_every if newer is not None and not grouped else 0
-        swap_s = cfg.swap_every_s
         clock = time.perf_counter
-        look_at = clock() + swap_s  # the next look by time
-        step_versions: np.ndarray | None = None  # per step, once a version changed in flight
+        look_at = clock() + cfg.swap_every_s  # the next look by time
         sampler = self._sampler_of(policy, version)  # numpy inference; None: Policy.act per step
         if sampler is not None:
-            noise, logp_buf = sampler.noise((T, N), self._gen)
-        rollout_done = np.zeros(N, bool)  # group mode: the column's first episode has ended
+            noise, f.logp = sampler.noise((T, cfg.num_envs), self._gen)
+        rollout_done = np.zeros(cfg.num_envs, bool)  # group mode: the column's first episode has ended
         for t in range(T):
-            obs_buf[t] = obs
+            f.obs[t] = obs
             if sampler is not None:
-                a_np = act_buf[t] = sampler.sample(obs, noise[t])
+                a_np = f.act[t] = sampler.sample(obs, noise[t])
             else:
                 with torch.no_grad():
                     a, logp, _ = policy.act(torch.from_numpy(obs), generator=self._gen)
-                a_np = a.numpy()
-                act_buf[t] = a_np
-                logp_buf[t] = logp.numpy()
-            nobs, rew, term, trunc, info = self.env.step(spec.to_env(a_np))
-            nobs = np.asarray(nobs, dtype=np.float32)
-            rew = np.asarray(rew, dtype=np.float32)
-            if not np.isfinite(rew).all():
-                raise NonFiniteEnvError("reward", t, np.flatnonzero(~np.isfinite(rew)).tolist())
-            if not np.isfinite(nobs).all():
-                raise NonFiniteEnvError("observation", t, np.flatnonzero(~np.isfinite(nobs).all(-1)).tolist())
-            rew_buf[t], term_buf[t], trunc_buf[t] = rew, term, trunc
-            self._ep_return += rew
-            self._ep_len += 1
-            done = np.logical_or(term, trunc)
-            if done.any():
-                fo = info.get("final_obs")
-                for i in np.flatnonzero(done):
-                    if trunc[i] and not term[i]:
-                        f = np.asarray(fo[i], dtype=np.float32)
-                        if not np.isfinite(f).all():
-                            raise NonFiniteEnvError("final observation", t, [int(i)])
-                        final_idx.append(t * N + int(i))
-                        final_obs.append(f)
-                    if not (grouped and rollout_done[i]):
-                        ep_returns.append(float(self._ep_return[i]))
-                        ep_lengths.append(int(self._ep_len[i]))
-                    self._ep_return[i] = 0.0
-                    self._ep_len[i] = 0
-            obs = nobs
+                a_np = f.act[t] = a.numpy()
+                f.logp[t] = logp.numpy()
+            obs, done = self._step(f, t, a_np, rollout_done if grouped else None)
             if swap_every and t + 1 < T and ((t + 1) % swap_every == 0 or clock() >= look_at):
-                look_at = clock() + swap_s
+                look_at = clock() + cfg.swap_every_s
                 got = newer()
                 if got is not None:
                     new_policy, new_version = got
                     new_sampler = self._sampler_of(new_policy, new_version)
                     if cfg.inflight and (sampler is None) == (new_sampler is None):
                         # in flight: steps t+1.. act with the new version, in this fragment
-                        if step_versions is None:
-                            step_versions = np.full(T, version, np.int64)
-                        step_versions[t + 1:] = new_version
+                        f.switch(t + 1, new_version)
                         if sampler is not None:  # the same noise, under the new version's std
-                            logp_buf[t + 1:] = new_sampler.logp(noise[t + 1:])
+                            f.logp[t + 1:] = new_sampler.logp(noise[t + 1:])
                         policy, sampler = new_policy, new_sampler
                         self.inflight_swaps += 1
                         continue
                     # end this fragment here (it keeps its one behaviour version) so the next
                     # steps act with the new one at once
-                    T = t + 1
-                    obs_buf, act_buf, rew_buf = obs_buf[:T], act_buf[:T], rew_buf[:T]
-                    term_buf, trunc_buf, logp_buf = term_buf[:T], trunc_buf[:T], logp_buf[:T]
-                    if step_versions is not None:
-                        step_versions = step_versions[:T]
+                    f.cut(t + 1)
                     self.cut_fragments += 1
                     break
             if grouped:
                 rollout_done |= done
                 if rollout_done.all() and t + 1 < T:
                     # every rollout is complete: the remaining steps would be masked out anyway
-                    T = t + 1
-                    obs_buf, act_buf, rew_buf = obs_buf[:T], act_buf[:T], rew_buf[:T]
-                    term_buf, trunc_buf, logp_buf = term_buf[:T], trunc_buf[:T], logp_buf[:T]
+                    f.cut(t + 1)
                     break
         self._obs = obs
-        group_ids = None
-        if grouped:
-            groups = np.arange(N, dtype=np.int64) // cfg.group_size
-            group_ids = seq * (N // cfg.group_size + 1) + groups
-        return SampleBatch(
-            batch_id=new_id(), actor_id=cfg.actor_id, seq=seq, env_id=cfg.env_id,
-            policy_version=version, created_at_ms=now_ms(), obs=obs_buf, actions=act_buf,
-            rewards=rew_buf, terminated=term_buf, truncated=trunc_buf, behaviour_logp=logp_buf,
-            last_obs=obs.copy(), final_obs_index=np.asarray(final_idx, dtype=np.int64),
-            final_obs=np.asarray(final_obs, dtype=np.float32).reshape(len(final_obs), spec.obs_dim),
-            group_ids=group_ids, episode_returns=ep_returns, episode_lengths=ep_lengths,
-            step_versions=step_versions,
-        )
+        return f.batch(cfg, seq, obs)
+
+    def _step(self, f: "_Fragment", t: int, a_np: np.ndarray,
+              rollout_done: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Step the envs with ``a_np`` and record step ``t`` in ``f``: the reward and ends, and each
+        episode that ended (its return, unless a grouped column already ended its rollout; a
+        truncated one's final observation). Returns the next observations and which envs ended."""
+        nobs, rew, term, trunc, info = self.env.step(self.spec.to_env(a_np))
+        nobs = np.asarray(nobs, dtype=np.float32)
+        rew = np.asarray(rew, dtype=np.float32)
+        if not np.isfinite(rew).all():
+            raise NonFiniteEnvError("reward", t, np.flatnonzero(~np.isfinite(rew)).tolist())
+        if not np.isfinite(nobs).all():
+            raise NonFiniteEnvError("observation", t, np.flatnonzero(~np.isfinite(nobs).all(-1)).tolist())
+        f.rew[t], f.term[t], f.trunc[t] = rew, term, trunc
+        self._ep_return += rew
+        self._ep_len += 1
+        done = np.logical_or(term, trunc)
+        if done.any():
+            fo = info.get("final_obs")
+            for i in np.flatnonzero(done):
+                if trunc[i] and not term[i]:
+                    final = np.asarray(fo[i], dtype=np.float32)
+                    if not np.isfinite(final).all():
+                        raise NonFiniteEnvError("final observation", t, [int(i)])
+                    f.final_idx.append(t * f.num_envs + int(i))
+                    f.final_obs.append(final)
+                if rollout_done is None or not rollout_done[i]:
+                    f.ep_returns.append(float(self._ep_return[i]))
+                    f.ep_lengths.append(int(self._ep_len[i]))
+                self._ep_return[i] = 0.0
+                self._ep_len[i] = 0
+        return nobs, done
 
     def close(self) -> None:
         self.env.close()
+
+
+class _Fragment:
+    """The buffers of one fragment being collected: ``T`` steps x ``num_envs`` envs, the episodes
+    that ended in it, and (once a newer version is taken in flight) each step's version."""
+
+    def __init__(self, T: int, num_envs: int, spec, version: int) -> None:
+        self.num_envs, self.obs_dim, self.version = num_envs, spec.obs_dim, version
+        self.obs = np.empty((T, num_envs, spec.obs_dim), np.float32)
+        self.act = np.empty((T, num_envs, spec.act_dim), np.float32)
+        self.rew = np.empty((T, num_envs), np.float32)
+        self.term = np.empty((T, num_envs), bool)
+        self.trunc = np.empty((T, num_envs), bool)
+        self.logp = np.empty((T, num_envs), np.float32)
+        self.step_versions: np.ndarray | None = None  # per step, once a version changed in flight
+        self.final_idx: list[int] = []
+        self.final_obs: list[np.ndarray] = []
+        self.ep_returns: list[float] = []
+        self.ep_lengths: list[int] = []
+
+    def switch(self, t: int, version: int) -> None:
+        """Steps ``t``.. act with ``version``."""
+        if self.step_versions is None:
+            self.step_versions = np.full(len(self.obs), self.version, np.int64)
+        self.step_versions[t:] = version
+
+    def cut(self, T: int) -> None:
+        """End the fragment after ``T`` steps."""
+        self.obs, self.act, self.rew = self.obs[:T], self.act[:T], self.rew[:T]
+        self.term, self.trunc, self.logp = self.term[:T], self.trunc[:T], self.logp[:T]
+        if self.step_versions is not None:
+            self.step_versions = self.step_versions[:T]
+
+    def batch(self, cfg, seq: int, last_obs: np.ndarray) -> SampleBatch:
+        group_ids = None
+        if cfg.group_size > 0:
+            groups = np.arange(self.num_envs, dtype=np.int64) // cfg.group_size
+            group_ids = seq * (self.num_envs // cfg.group_size + 1) + groups
+        return SampleBatch(
+            batch_id=new_id(), actor_id=cfg.actor_id, seq=seq, env_id=cfg.env_id,
+            policy_version=self.version, created_at_ms=now_ms(), obs=self.obs, actions=self.act,
+            rewards=self.rew, terminated=self.term, truncated=self.trunc, behaviour_logp=self.logp,
+            last_obs=last_obs.copy(), final_obs_index=np.asarray(self.final_idx, dtype=np.int64),
+            final_obs=np.asarray(self.final_obs, dtype=np.float32).reshape(len(self.final_obs), self.obs_dim),
+            group_ids=group_ids, episode_returns=self.ep_returns, episode_lengths=self.ep_lengths,
+            step_versions=self.step_versions,
+        )
