@@ -6,6 +6,7 @@ every ``LOG_INTERVAL_S`` how many records are still waiting and when it gives up
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import pytest
@@ -44,3 +45,37 @@ def test_a_flush_in_an_outage_gives_up_by_its_deadline_and_says_so_meanwhile(pri
     still = [r.getMessage() for r in caplog.records if "still not delivered" in r.getMessage()]
     assert 2 <= len(still) <= 5, still  # about one a second, not silent and not flooding
     assert all(m.startswith("1 record(s) still not delivered to ") and "giving up in" in m for m in still)
+
+
+def test_a_recovery_elsewhere_in_the_process_does_not_cut_the_outage_wait_short(private_kafka, monkeypatch):
+    """On a cluster below ``min.insync.replicas`` some nodes still answer: a round trip of another
+    client of the process (a consumer, an offset read) recovers the process's error log while this
+    bus's records still wait. The flush still waits out the outage (it counts the connection errors
+    during it), not only the errors no round trip has recovered from yet (issue 39, part 3)."""
+    monkeypatch.setattr(kafka_producer, "LOG_INTERVAL_S", 1.0)
+    monkeypatch.setattr(ERRORS, "interval", 0.0)  # every recovery resets the log (not once per 10 s)
+    bus = KafkaBus(private_kafka.bootstrap, client_id="flush-recovered", outage_wait=4.0)
+    bus.create_topics([TopicSpec(TOPIC, key="test", partitions=1)])
+    bus.produce(TOPIC, b"before", key=b"k")
+    bus.flush()
+    private_kafka.kafka.kill()
+    bus.produce(TOPIC, b"during", key=b"k")
+    wait_for(lambda: bus._producer.poll(0.1) is not None and ERRORS.outage(), 60, "the producer to see the outage")
+    live = threading.Event()
+
+    def live_node() -> None:  # another client's round trips to a live node, all along
+        while not live.wait(0.005):
+            ERRORS.recovered()
+
+    beside = threading.Thread(target=live_node, daemon=True)
+    beside.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(BusError) as e:
+            bus.flush(2.0)
+    finally:
+        live.set()
+        beside.join(5)
+    took = time.monotonic() - t0
+    assert "and 4s more while it was unreachable" in str(e.value), f"gave up after {took:.1f}s: {e.value}"
+    assert 6.0 <= took < 25.0, f"gave up after {took:.1f}s, not at timeout + outage_wait"

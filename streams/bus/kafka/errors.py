@@ -32,6 +32,7 @@ class ErrorLog:
         self._errors = 0  # since the last recovery
         self._first = 0.0
         self._recovered_at = -interval  # when the last "recovered" line was logged
+        self._last_at = -float("inf")  # when the last connection error came, recovered or not
         self.count = 0  # every error reported, logged or not
 
     def error(self, logger: logging.Logger, level: int, kind: str, text: str, connection: bool = True) -> None:
@@ -43,6 +44,7 @@ class ErrorLog:
                 if not self._errors:
                     self._first = now
                 self._errors += 1
+                self._last_at = now
             self.count += 1
             seen = self._kinds.get(kind)
             if seen is not None and now - seen[0] < self.interval:
@@ -56,6 +58,12 @@ class ErrorLog:
     def outage(self) -> bool:
         """Connection errors since the last recovery (the broker may be unreachable)."""
         return self._errors > 0
+
+    def seen_since(self, t: float) -> bool:
+        """A connection error came at or after ``t`` (``time.monotonic()``), whether or not a
+        round trip has recovered since: on a cluster that has lost some nodes, a call that reaches
+        a live one recovers the log while records for the others still wait."""
+        return self._last_at >= t
 
     def recovered(self, where: str = "") -> None:
         """A round trip succeeded: log the recovery, at most once per interval (a connection that
