@@ -338,6 +338,44 @@ def check_trained_once(ledger: Ledger) -> dict:
     return counts
 
 
+def check_acknowledged(ledger: Ledger, actor_summaries: list[dict], trained_once: bool | None = True) -> dict:
+    """The actors' side of the ledger, after asserting it: each actor (that exited by itself,
+    with its summary) heard the bus acknowledge every batch it published, seqs 0.. without a gap,
+    none failed or unsettled (``actor.actor.Acknowledgements``); the samples topic holds exactly
+    those, once each; and every one of them was trained exactly once (``trained_once`` False: at
+    least once, where the test itself causes retraining; None: not checked here, where the test
+    accounts for batches left untrained itself). "Produced" so means what the actors were
+    acknowledged, not only what reached the topic."""
+    raw = Counter((b.actor_id, b.seq) for b in ledger.raw)
+    assert all(n == 1 for n in raw.values()), f"a (actor, seq) twice in the topic: {[k for k, n in raw.items() if n > 1]}"
+    trained = Counter(ledger.trained_ids)
+    seq_of = {b.batch_id: (b.actor_id, b.seq) for b in ledger.raw}
+    trained_seqs = Counter(seq_of[b] for b in trained if b in seq_of)
+    out: dict = {}
+    for s in actor_summaries:
+        who = s.get("actor_id")
+        assert "acknowledged_seqs" in s, f"actor {who} reported no acknowledgements: {sorted(s)}"
+        acked = {q for first, last in s["acknowledged_seqs"] for q in range(first, last + 1)}
+        assert len(acked) == s["acknowledged"], s
+        in_topic = {q for (a, q) in raw if a == who}
+        row = {"published": s["seq"], "acknowledged": len(acked), "unacknowledged": s["unacknowledged"],
+               "delivery_failed": len(s["delivery_failed"]), "in_topic": len(in_topic),
+               "trained": sum(n for (a, _), n in trained_seqs.items() if a == who),
+               "acknowledged_not_in_topic": sorted(acked - in_topic),
+               "in_topic_not_acknowledged": sorted(in_topic - acked),
+               "acknowledged_not_trained": sorted(q for q in acked if trained_seqs[(who, q)] < 1
+                                                  or (trained_once and trained_seqs[(who, q)] > 1))}
+        out[who] = row
+        assert s["unacknowledged"] == 0 and s["delivery_failed"] == {}, (who, row, s["delivery_failed"])
+        assert acked == set(range(s["seq"])), f"{who}: acknowledged seqs with a gap: {s['acknowledged_seqs']}"
+        assert row["acknowledged_not_in_topic"] == [] and row["in_topic_not_acknowledged"] == [], (who, row)
+        if trained_once is None:
+            row.pop("acknowledged_not_trained")
+        else:
+            assert row["acknowledged_not_trained"] == [], (who, row)
+    return out
+
+
 def all_trained(raw: TopicCounter, steps: TopicCounter) -> bool:
     """Has every SampleBatch seen so far appeared in some GradientStep?"""
     raw.poll()

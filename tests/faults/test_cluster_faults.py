@@ -8,13 +8,20 @@ role's environment: the one setting), and producers at ``acks=all`` with idempot
 are the processes production runs (``conftest.Rig``: ``rlstream learner``, ``rlstream actor``,
 ``faust -A streams worker``). Faults, each in the middle of a run:
 
-* the leader of the samples topic's partition is SIGKILLed, and started again later;
+* the leader of the samples topic's partition is SIGKILLed, and started again later; so, each in
+  its own run, the leader of the policy-versions partition, the leader of the learner-steps
+  partition, and the learner group's coordinator (``describe_consumer_groups``);
 * the active controller (the KRaft quorum's leader, as ``kafka-metadata-quorum`` reports it) is
   SIGKILLed, and started again later;
+* two nodes of three are SIGKILLed at once (below ``min.insync.replicas`` and, every node being a
+  voter, below the controller quorum): the actor backs off in its flush, nothing is
+  acknowledged meanwhile, and once one node is back the run goes on (docs/explanation/guarantees.md);
 * every broker in turn is stopped (controlled shutdown), started again and waited for until
   every partition is back in sync: a rolling restart.
 
-Each run is judged from its topics by a ledger: produced = trained + dropped with a reason +
+Each run is judged from its topics and the actor's own account by a ledger: what the broker
+acknowledged to the actor (its summary's ``acknowledged_seqs``) is exactly what the samples topic
+holds, each trained once (``conftest.check_acknowledged``); produced = trained + dropped with a reason +
 dead-lettered + left untrained at the learner group's committed offset; nothing trained twice;
 versions strictly increasing; every role exits 0 when told to stop; and the learner published
 updates while the fault lasted (the run did not stop for it). Each ledger is printed
@@ -36,12 +43,12 @@ import pytest
 from config import BusConfig, Environment
 from config.bus import Replication
 from schemas.codec import Codec
-from streams.topics import LEARNER_GROUP, LEARNER_STEPS, SAMPLES_PREPARED, SAMPLES_RAW, Namespace
+from streams.topics import LEARNER_GROUP, LEARNER_STEPS, POLICY_VERSIONS, SAMPLES_PREPARED, SAMPLES_RAW, Namespace
 from tests.support.kafka import committed
 from testbed.ports import free_port
 from tests.support.reaper import ENV as REAPER_MARK, mark_as
 
-from .conftest import FRAGMENT, Ledger, Rig, TopicCounter, wait_for
+from .conftest import FRAGMENT, Ledger, Rig, TopicCounter, check_acknowledged, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 CODEC = Codec()
@@ -137,9 +144,11 @@ def run(healthy, tmp_path):
 
 # --- the ledger -------------------------------------------------------------------------------------
 
-def account(bootstrap: str, ns: Namespace, streams_summaries: list[dict]) -> dict:
-    """The run's ledger from its topics, after asserting what must hold (module docstring)."""
+def account(bootstrap: str, ns: Namespace, streams_summaries: list[dict], actor_summaries: list[dict]) -> dict:
+    """The run's ledger from its topics and the actors' own accounts, after asserting what must
+    hold (module docstring)."""
     ledger = Ledger.read(bootstrap, ns)
+    actors = check_acknowledged(ledger, actor_summaries)  # acknowledged = in the topic = trained once
     size = {b.batch_id: b.num_steps for b in ledger.raw}
     produced = [b.batch_id for b in ledger.raw]
     assert len(produced) == len(set(produced)), "an actor published a batch id twice"
@@ -164,7 +173,8 @@ def account(bootstrap: str, ns: Namespace, streams_summaries: list[dict]) -> dic
     assert behind == set(), f"prepared, committed by the learner group, yet never trained: {sorted(behind)}"
     never_prepared = untrained - set(ledger.placed)
     dropped_batches = sum(dropped.values()) // FRAGMENT
-    out = {"produced": len(produced), "trained": len(trained), "dropped": dict(dropped),
+    out = {"produced": len(produced), "actor_acknowledged": sum(a["acknowledged"] for a in actors.values()),
+           "actors": actors, "trained": len(trained), "dropped": dict(dropped),
            "dead_lettered": dead_lettered, "left_untrained": len(left),
            "duplicate_copies_skipped": reasons.get("duplicate", 0), "updates": len(ledger.steps),
            "versions": len(versions), "samples_trained": sum(size[b] for b in trained)}
@@ -182,9 +192,10 @@ def check_replicated(cluster, ns: Namespace) -> None:
 
 
 def decoupled_run_through(cluster, rig: Rig, ns: Namespace, name: str, fault) -> dict:
-    """Learner, Faust worker and one actor on the cluster; ``fault(steps)`` once 3 updates are
-    out (it returns what it did, with ``updates_during_fault`` counted by itself), then 2 more
+    """Learner, Faust worker and one actor on the cluster; ``fault(steps, updates, actor)`` once
+    3 updates are out (it returns what it did, with ``updates_during_fault`` counted by itself), then 2 more
     updates, a graceful stop of every role (each must exit 0) and the ledger."""
+    started = time.monotonic()
     steps = TopicCounter(rig.bootstrap, ns.topic(LEARNER_STEPS), CODEC.decode)
     raw = TopicCounter(rig.bootstrap, ns.topic(SAMPLES_RAW), CODEC.decode)
     try:
@@ -205,7 +216,7 @@ def decoupled_run_through(cluster, rig: Rig, ns: Namespace, name: str, fault) ->
 
         wait_for(updates(3), STARTUP_S, "3 updates before the fault", every=0.2, on_timeout=rig.logs)
         t0 = time.monotonic()
-        did = fault(steps, updates)
+        did = fault(steps, updates, actor)
         did["fault_s"] = round(time.monotonic() - t0, 1)
         after = steps.poll()
         wait_for(updates(after + 2), 180, "2 updates after the fault", every=0.2, on_timeout=rig.logs)
@@ -222,9 +233,9 @@ def decoupled_run_through(cluster, rig: Rig, ns: Namespace, name: str, fault) ->
         steps.close()
         raw.close()
     check_replicated(cluster, ns)
-    ledger = account(rig.bootstrap, ns, streams.summaries)
+    ledger = account(rig.bootstrap, ns, streams.summaries, [actor_summary])
     ledger.update(did, learner_duplicates_skipped=learner_summary.get("duplicates_skipped"),
-                  actor_batches=actor_summary.get("seq"))
+                  exit_codes=codes, run_s=round(time.monotonic() - started, 1))
     print(f"CLUSTER {name} ledger:", json.dumps(ledger, sort_keys=True))
     assert ledger["updates_during_fault"] >= 1, "the run stopped training during the fault"
     return ledger
@@ -301,7 +312,7 @@ def test_sigkill_of_the_samples_partition_leader_mid_run(healthy, run):
     rig, ns = run
     topic = ns.topic(SAMPLES_RAW)
 
-    def kill_the_leader(steps, updates) -> dict:
+    def kill_the_leader(steps, updates, actor) -> dict:
         def new_leader() -> int:
             wait_for(lambda: healthy.leader(topic, 0) not in (leader, -1), 60, "a new leader of " + topic)
             return healthy.leader(topic, 0)
@@ -315,7 +326,7 @@ def test_sigkill_of_the_samples_partition_leader_mid_run(healthy, run):
 def test_sigkill_of_the_active_controller_mid_run(healthy, run):
     rig, ns = run
 
-    def kill_the_controller(steps, updates) -> dict:
+    def kill_the_controller(steps, updates, actor) -> dict:
         controller = healthy.controller()
         return sigkill_and_restart(
             healthy, rig, steps, updates, controller, "the active controller",
@@ -328,7 +339,7 @@ def test_sigkill_of_the_active_controller_mid_run(healthy, run):
 def test_rolling_restart_of_every_broker_mid_run(healthy, run):
     rig, ns = run
 
-    def roll(steps, updates) -> dict:
+    def roll(steps, updates, actor) -> dict:
         before = steps.poll()
         per_node = {}
         for node in sorted(healthy.nodes):
@@ -344,3 +355,104 @@ def test_rolling_restart_of_every_broker_mid_run(healthy, run):
 
     decoupled_run_through(healthy, rig, ns, "rolling-restart", roll)
 
+
+
+def coordinator(cluster, group: str) -> int:
+    """The node id of ``group``'s coordinator, as the admin API's describe_consumer_groups says."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    return admin.describe_consumer_groups([group], request_timeout=5)[group].result(timeout=10).coordinator.id
+
+
+def test_sigkill_of_the_learner_groups_coordinator_mid_run(healthy, run):
+    rig, ns = run
+    group = ns.group(LEARNER_GROUP)
+
+    def kill_the_coordinator(steps, updates, actor) -> dict:
+        node = coordinator(healthy, group)
+        return sigkill_and_restart(
+            healthy, rig, steps, updates, node, f"coordinator of the learner group {group}",
+            lambda: wait_for(lambda: (c := coordinator(healthy, group)) not in (node, -1) and c, 120,
+                             f"a new coordinator of {group}", every=0.5, ignore=(Exception,)))
+
+    decoupled_run_through(healthy, rig, ns, "coordinator-sigkill", kill_the_coordinator)
+
+
+@pytest.mark.parametrize("name", [POLICY_VERSIONS, LEARNER_STEPS], ids=["policy-versions", "learner-steps"])
+def test_sigkill_of_the_learners_output_partition_leader_mid_run(healthy, run, name, request):
+    """The leader of the partition the learner publishes its versions (or its steps) to."""
+    rig, ns = run
+    topic = ns.topic(name)
+
+    def kill_the_leader(steps, updates, actor) -> dict:
+        def new_leader() -> int:
+            wait_for(lambda: healthy.leader(topic, 0) not in (leader, -1), 60, "a new leader of " + topic,
+                     ignore=(Exception,))
+            return healthy.leader(topic, 0)
+
+        leader = healthy.leader(topic, 0)
+        return sigkill_and_restart(healthy, rig, steps, updates, leader, f"leader of {topic}[0]", new_leader)
+
+    decoupled_run_through(healthy, rig, ns, f"{request.node.callspec.id}-leader-sigkill", kill_the_leader)
+
+
+#: What an actor logs when its flush finds records undelivered (``KafkaBus.flush``): it waits on.
+BACKOFF_LINE = "not delivered within"
+
+
+def test_two_of_three_nodes_down_below_min_insync_mid_run(healthy, run):
+    """Below ``min.insync.replicas`` (2) and below the KRaft quorum (every node is a voter here):
+    two of the three nodes are SIGKILLed, the leader of the samples partition kept. Its ISR cannot
+    shrink without a controller, so ``acks=all`` produces wait for replicas that are gone and
+    time out; nothing more is acknowledged. The actor must back off (its flush waits, saying so
+    in its log) and live; once one node is back (quorum and two in-sync copies again) training
+    goes on, then the third returns, and the ledger is whole."""
+    rig, ns = run
+    topic = ns.topic(SAMPLES_RAW)
+    raw = TopicCounter(rig.bootstrap, topic, CODEC.decode)
+
+    def below_quorum(steps, updates, actor) -> dict:
+        keep = healthy.leader(topic, 0)
+        first, second = [n for n in sorted(healthy.nodes) if n != keep]
+        before, size = steps.poll(), actor.log.stat().st_size
+        raw.poll()
+        killed = time.monotonic()
+        healthy.kill(first)
+        healthy.kill(second)
+
+        def backing_off() -> bool:  # the actor waits on its undelivered batch, and says so
+            assert actor.alive(), rig.logs()
+            with actor.log.open("rb") as f:
+                f.seek(size)
+                return BACKOFF_LINE.encode() in f.read()
+
+        wait_for(backing_off, 120, "the actor to log that it waits on undelivered batches", every=0.5,
+                 on_timeout=rig.logs)
+        backoff_s = round(time.monotonic() - killed, 1)
+        raw_before = len(raw.items)
+        raw.poll()
+        down = {"updates": steps.poll() - before, "raw_records": len(raw.items) - raw_before}
+        start_node(healthy, first)  # two nodes of three: a quorum, and 2 in-sync copies possible
+        wait_for(updates(before + 2), 240, "training with two nodes of three", every=0.2, on_timeout=rig.logs)
+        recovered_s = round(time.monotonic() - killed, 1)
+        start_node(healthy, second)
+        healthy.wait_in_sync(STARTUP_S)
+        with actor.log.open("rb") as f:
+            f.seek(size)
+            said = f.read().decode(errors="replace")
+        return {"fault": f"SIGKILL of nodes {first} and {second} (2 of 3: below min.insync.replicas and "
+                         f"the KRaft quorum), node {keep} (leader of {topic}[0]) kept; node {first} "
+                         f"restarted once the actor backed off, then node {second}",
+                "kill_to_actor_backoff_s": backoff_s, "while_two_down": down,
+                "kill_to_two_updates_s": recovered_s, "updates_during_fault": steps.poll() - before,
+                "actor_backoff_lines": said.count(BACKOFF_LINE) + said.count("still not delivered"),
+                "actor_log_errors": {k: said.count(k) for k in ("NOT_ENOUGH_REPLICAS", "REQUEST_TIMED_OUT",
+                                                                 "Traceback") if k in said}}
+
+    try:
+        ledger = decoupled_run_through(healthy, rig, ns, "below-quorum", below_quorum)
+    finally:
+        raw.close()
+    assert ledger["while_two_down"]["raw_records"] == 0, "a batch was acknowledged below min.insync.replicas"
+    assert "Traceback" not in ledger["actor_log_errors"]

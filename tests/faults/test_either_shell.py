@@ -4,12 +4,14 @@ restarted; every committed SampleBatch is trained exactly once either way."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from schemas.codec import Codec
 from streams.topics import LEARNER_STEPS, SAMPLES_RAW
 
-from .conftest import SHELL_CMDS, Ledger, TopicCounter, all_trained, check_trained_once, wait_for
+from .conftest import SHELL_CMDS, Ledger, TopicCounter, all_trained, check_acknowledged, check_trained_once, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 CODEC = Codec()
@@ -27,7 +29,7 @@ def test_shell_sigkill_and_restart_trains_every_batch_once(private_kafka, rig, s
         streams.crash()
         n = steps.poll()
         wait_for(lambda: steps.poll() >= n + 3, 180, "3 updates after the restart", on_timeout=rig.logs)
-        actor.stop()
+        actor_summary = actor.stop()
         wait_for(lambda: all_trained(raw, steps), 120, "every produced batch trained", on_timeout=rig.logs)
         learner.stop()
         assert not streams.errors, streams.errors
@@ -35,6 +37,9 @@ def test_shell_sigkill_and_restart_trains_every_batch_once(private_kafka, rig, s
     finally:
         steps.close()
         raw.close()
-    counts = check_trained_once(Ledger.read(private_kafka.bootstrap))
+    ledger = Ledger.read(private_kafka.bootstrap)
+    counts = check_trained_once(ledger)
+    counts["actors"] = check_acknowledged(ledger, [actor_summary])  # acknowledged to the actor = in the topic
+    print(f"FAULT {shell}-shell-sigkill counts:", json.dumps(counts, sort_keys=True))
     assert counts["lost"] == 0 and counts["duplicates_trained"] == 0
     assert summary["role"] == "streams" and summary["published"] >= 1 and summary["dead_lettered"] == 0, summary

@@ -38,24 +38,25 @@ from learner.snapshots.url import open_store
 from schemas.codec import Codec
 from streams.topics import LEARNER_STEPS, SAMPLES_PREPARED, SAMPLES_RAW
 
-from .conftest import Ledger, TopicCounter, all_trained, check_trained_once, wait_for
+from .conftest import Ledger, TopicCounter, all_trained, check_acknowledged, check_trained_once, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 CODEC = Codec()
 
 
-def resume_and_drain(rig, steps: TopicCounter, raw: TopicCounter, actor, streams, n1: int) -> dict:
+def resume_and_drain(rig, steps: TopicCounter, raw: TopicCounter, actor, streams, n1: int) -> tuple[dict, dict]:
     """Start the learner again with ``--resume`` (its first life made ``n1`` steps), wait for 3
     updates of it, stop the actor and wait until every produced batch is trained; stop the
-    learner and the stream worker (which must have logged no error). The learner's summary."""
+    learner and the stream worker (which must have logged no error). The learner's summary and
+    the actor's."""
     second = rig.learner(resume=True)
     wait_for(lambda: steps.poll() >= n1 + 3, 120, "3 updates of the resumed learner", on_timeout=rig.logs)
-    actor.stop()
+    actor_summary = actor.stop()
     wait_for(lambda: all_trained(raw, steps), 90, "every produced batch trained", on_timeout=rig.logs)
     summary = second.stop()
     assert not streams.errors, streams.errors
     streams.stop()
-    return summary
+    return summary, actor_summary
 
 
 def test_learner_sigkill_resumes_from_snapshot_and_offsets(private_kafka, rig):
@@ -89,7 +90,7 @@ def test_learner_sigkill_resumes_from_snapshot_and_offsets(private_kafka, rig):
         snapshot_ids = set(meta["trained_batch_ids"])
 
         n1 = len(life1.steps)
-        summary2 = resume_and_drain(rig, steps, raw, actor, streams, n1)
+        summary2, actor_summary = resume_and_drain(rig, steps, raw, actor, streams, n1)
     finally:
         steps.close()
         raw.close()
@@ -118,7 +119,9 @@ def test_learner_sigkill_resumes_from_snapshot_and_offsets(private_kafka, rig):
               "trained_life2": len(ids2), "snapshot_version": v_s, "snapshot_ids": len(snapshot_ids),
               "retrained_after_snapshot": len(after), "lost": len(set(ledger.produced_ids) - set(ids1) - set(ids2)),
               "duplicates_skipped": summary2.get("duplicates_skipped"), "versions": len(versions),
-              "dead_letters": dict(ledger.dead_reasons())}
+              "dead_letters": dict(ledger.dead_reasons()),
+              # retrained after the snapshot: at least once, not exactly once
+              "actors": check_acknowledged(ledger, [actor_summary], trained_once=False)}
     print("FAULT learner-sigkill counts:", json.dumps(counts, sort_keys=True))
 
 
@@ -208,13 +211,14 @@ def test_learner_preempted_sigterm_then_sigkill_resumes_without_training_twice(p
         _, meta = store.load(v_last)
         assert set(meta["trained_batch_ids"]) == {i for s in life1.steps for i in s.batch_ids}
 
-        summary2 = resume_and_drain(rig, steps, raw, actor, streams, n1)
+        summary2, actor_summary = resume_and_drain(rig, steps, raw, actor, streams, n1)
     finally:
         steps.close()
         raw.close()
 
     ledger = Ledger.read(private_kafka.bootstrap)
     counts = check_trained_once(ledger)  # none twice, none lost, versions strictly increasing
+    counts["actors"] = check_acknowledged(ledger, [actor_summary])
     resumed = next(v for v in ledger.versions if v.version > v_last)
     assert (resumed.version, resumed.parent_version) == (v_last + 1, v_last)
     assert ledger.steps[n1].from_version == v_last + 1

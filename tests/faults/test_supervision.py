@@ -20,7 +20,7 @@ from schemas.codec import Codec
 from streams.bus.kafka import KafkaBus
 from streams.topics import LEARNER_STEPS, Namespace
 
-from .conftest import ENV_ID, FRAGMENT, Ledger, TopicCounter, check_trained_once, wait_for
+from .conftest import ENV_ID, FRAGMENT, Ledger, TopicCounter, check_acknowledged, check_trained_once, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 CODEC = Codec()
@@ -108,6 +108,8 @@ def test_streams_sigkill_is_restarted_and_the_run_completes(private_kafka, tmp_p
     ledger, placed = read_ledger(private_kafka.bootstrap)
     print("SUPERVISION ledger:", json.dumps(ledger.counts(), sort_keys=True), summary["processes"].get("learner"))
     counts = check_trained_once(ledger)  # every produced batch trained, none twice, versions monotonic
+    # each actor's own account (its summary: the seqs the broker acknowledged) against the topic
+    counts["actors"] = check_acknowledged(ledger, [summary["processes"][f"actor-{i}"] for i in range(2)])
     assert set(ledger.dead_reasons()) <= {"duplicate"}  # the restarted worker's copies, skipped
     for topic, rows in placed.items():
         by_actor = defaultdict(list)

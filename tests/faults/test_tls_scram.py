@@ -314,7 +314,7 @@ def test_roles_and_both_shells_train_over(secure_kafka, kind, tmp_path):
     from schemas.codec import Codec
     from streams.topics import LEARNER_STEPS, SAMPLES_RAW
 
-    from .conftest import Ledger, Rig, TopicCounter, all_trained, check_trained_once, wait_for
+    from .conftest import Ledger, Rig, TopicCounter, all_trained, check_acknowledged, check_trained_once, wait_for
 
     codec = Codec()
     rig = Rig(secure_kafka.bootstrap(kind), tmp_path)
@@ -334,7 +334,7 @@ def test_roles_and_both_shells_train_over(secure_kafka, kind, tmp_path):
         n = steps.poll()
         wait_for(lambda: steps.poll() >= n + 2, 180, f"2 updates over {kind} with the in-process shell",
                  on_timeout=rig.logs)
-        actor.stop()
+        actor_summary = actor.stop()
         wait_for(lambda: all_trained(raw, steps), 120, "every produced batch trained", on_timeout=rig.logs)
         learner.stop()
         assert not rig.streams.errors, rig.streams.errors
@@ -345,5 +345,7 @@ def test_roles_and_both_shells_train_over(secure_kafka, kind, tmp_path):
         rig.close()
     # the updates before the swap came from what the Faust shell prepared (nothing else prepares)
     assert worker_summary.get("published", 0) >= 1, (faust_summary, worker_summary)
-    counts = check_trained_once(Ledger.read(secure_kafka.plaintext))
+    ledger = Ledger.read(secure_kafka.plaintext)
+    counts = check_trained_once(ledger)
+    counts["actors"] = check_acknowledged(ledger, [actor_summary])  # acknowledged over TLS/SASL = in the topic
     assert counts["lost"] == 0 and counts["duplicates_trained"] == 0, counts
