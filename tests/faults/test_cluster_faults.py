@@ -31,6 +31,7 @@ then the reaper)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -361,7 +362,8 @@ def coordinator(cluster, group: str) -> int:
     """The node id of ``group``'s coordinator, as the admin API's describe_consumer_groups says."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    # (librdkafka's lines about the dead node go to logging, as the roles' do, not to stderr)
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap, "logger": logging.getLogger("faults.admin")})
     return admin.describe_consumer_groups([group], request_timeout=5)[group].result(timeout=10).coordinator.id
 
 
