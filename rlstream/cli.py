@@ -71,22 +71,28 @@ def parse_training(a: argparse.Namespace, argv: list[str]) -> None:
     from config.train import TrainFlags
     from rlstream import guide
 
-    typed = getattr(a, "given_argv", [a.command, *argv])
+    from config.sections import rewrite_flat_flags
+
+    # the flat flags of before (--num-envs): their section's flag, one deprecation line each
+    argv = rewrite_flat_flags(argv)
+    typed = rewrite_flat_flags(getattr(a, "given_argv", [a.command, *argv]), warn=lambda line: None)
     if getattr(a, "importance_sampling", False):  # the deployment guide's spelling
         argv = [*argv, "--importance"]
     if a.command == "train":  # --strategy: the mode, and its family's algorithm unless --algo says
         a.mode, argv = guide.apply_strategy(getattr(a, "strategy", None), getattr(a, "mode", None), argv, typed)
+    mode = (a.mode or "colocated") if a.command == "train" else "decoupled"
     flags, rest = tyro.cli(TrainFlags, args=argv, prog=prog, return_unknown_args=True)
     try:  # checked here, not inside tyro: a value the config refuses is one line (exit 2 in main)
-        a.train = TrainConfig.from_flags(flags)
+        a.train = TrainConfig.from_flags(flags, mode=mode)
         a.streams = tyro.cli(PrepareConfig, args=rest, prog=prog,
-                             default=PrepareConfig.for_algo(a.train.algo, policy_id=a.train.policy_id))
+                             default=PrepareConfig.for_algo(a.train.run.algo, policy_id=a.train.run.policy_id))
     except ValueError as e:  # a value the config itself refuses (an unknown --algo, --total-steps 0)
         raise SystemExit(f"{prog}: {e}") from None
-    if a.train.algo not in TRAINABLE:
-        raise SystemExit(f"{prog}: --algo {a.train.algo!r} is not trained online; choose from {list(TRAINABLE)}")
+    if a.train.run.algo not in TRAINABLE:
+        raise SystemExit(f"{prog}: --algo {a.train.run.algo!r} is not trained online; choose from {list(TRAINABLE)}")
     if a.command == "train":  # before anything is created: an env or device this machine cannot run
-        guide.check_runs_here(a.train.env_id, a.train.device, a.train.learners, a.mode, typed)
+        learner = a.train.learner
+        guide.check_runs_here(a.train.run.env_id, learner.device, learner.learners, mode, typed)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -161,22 +167,22 @@ def run_dir_of(a: argparse.Namespace, run_id: str, resume: bool) -> tuple[Path, 
 
 
 def claim_run_dir(cfg, *, join: bool, adopt: bool = False):
-    """Make ``cfg.run_dir`` this run's (``runtime.rundir.RunDir.claim``; refused: exit 2), point
+    """Make ``cfg.run.run_dir`` this run's (``runtime.rundir.RunDir.claim``; refused: exit 2), point
     ``latest`` at it where runs live (``runs/``, or a folder that already has a ``latest``), and
     return ``cfg`` with the run id the directory holds."""
     from runtime.rundir import LATEST, RunDir, RunDirError
 
-    rd = RunDir(cfg.run_dir)
+    rd = RunDir(cfg.run.run_dir)
     fresh = rd.info() is None
     try:
-        run_id = rd.claim(cfg.run_id, mode=cfg.mode, resume=cfg.resume, join=join, adopt=adopt, algo=cfg.algo,
-                          env_id=cfg.env_id, namespace=cfg.bus.namespace if cfg.mode == "decoupled" else "")
+        run_id = rd.claim(cfg.run.run_id, mode=cfg.mode, resume=cfg.run.resume, join=join, adopt=adopt, algo=cfg.run.algo,
+                          env_id=cfg.run.env_id, namespace=cfg.bus.namespace if cfg.mode == "decoupled" else "")
     except RunDirError as e:
         refuse(str(e))
     parent = rd.path.parent
-    if (fresh or cfg.resume) and (parent.resolve() == RUNS_ROOT.resolve() or (parent / LATEST).is_symlink()):
+    if (fresh or cfg.run.resume) and (parent.resolve() == RUNS_ROOT.resolve() or (parent / LATEST).is_symlink()):
         rd.point_latest()
-    return cfg if run_id == cfg.run_id else replace(cfg, run_id=run_id)
+    return cfg if run_id == cfg.run.run_id else replace(cfg, run_id=run_id)
 
 
 def train_namespace(given: str, flag: str | None, run_id: str, run_dir: Path, resume: bool) -> str:
@@ -202,27 +208,24 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
 
     env: Environment = a.env
     base = a.train
-    mode = a.mode if a.command == "train" else "decoupled"
-    if base.overlap and mode != "colocated":
-        from config.train import OVERLAP_COLOCATED_ONLY
-
-        raise SystemExit(f"error: {OVERLAP_COLOCATED_ONLY}")
+    mode = base.mode  # (checked with the rest of the config when ``parse_training`` made it)
+    resume = base.run.resume
     bus = BusConfig.from_environment(env, kind=a.bus or None, bootstrap=a.bootstrap, log_dir=a.log_dir,
                                      namespace=a.namespace, learner_group=a.learner_group)
     run_id = a.run_id or env.run_id or ""
     if not run_id and a.command != "train" and bus.namespace:
         run_id = bus.namespace  # the roles of a run started one by one share its namespace's directory
-    run_dir, run_id = run_dir_of(a, run_id or uuid.uuid4().hex[:12], base.resume)
+    run_dir, run_id = run_dir_of(a, run_id or uuid.uuid4().hex[:12], resume)
     if a.partitions is not None:
         bus = replace(bus, partitions=a.partitions)
     if a.command == "train" and mode == "decoupled":
-        bus = replace(bus, namespace=train_namespace(bus.namespace, a.namespace, run_id, run_dir, base.resume))
+        bus = replace(bus, namespace=train_namespace(bus.namespace, a.namespace, run_id, run_dir, resume))
     if mode == "colocated" and (a.bus or "memory") == "memory":
         log_dir = Path(a.log_dir) if a.log_dir else run_dir / "log"
-        if not base.resume and (log_dir / "_topics.json").exists():
+        if not resume and (log_dir / "_topics.json").exists():
             refuse(f"{run_dir} already holds a run's event log; pass --resume to continue it, "
                     "or choose another --run-dir")
-        if base.resume and not (log_dir / "_topics.json").exists():
+        if resume and not (log_dir / "_topics.json").exists():
             refuse(f"--resume: no run to resume in {run_dir} (no event log at {log_dir})")
         bus = replace(bus, kind="memory", log_dir=str(log_dir))
     elif a.bus is None and default_bus == "kafka":
@@ -230,17 +233,18 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
     from actor.envs import check_env_id
 
     try:  # before any process starts: an env that cannot load fails here, with the fix
-        check_env_id(base.env_id)
+        check_env_id(base.run.env_id)
     except ValueError as e:
         raise SystemExit(f"--env: {e}") from None
     tensorboard = None if a.tensorboard == "off" else (a.tensorboard or str(run_dir / "tb"))
     try:  # the config checks itself again with --set's overrides (e.g. --overlap against one of them)
-        return replace(base, mode=mode, wrappers=wrapper_names(a.wrappers), tensorboard=tensorboard,
-                       algo_overrides=kv(a.set), run_dir=run_dir, run_id=run_id, metrics_port=a.metrics_port,
-                       streams=a.streams, bus=bus, snapshot_store=base.snapshot_store or env.snapshot_store,
-                       object_store=ObjectStoreConfig.from_environment(env),
-                       redis_url=base.redis_url or env.redis_url,
-                       blob_cache=base.blob_cache if base.blob_cache is not None else env.blob_cache)
+        run = replace(base.run, wrappers=wrapper_names(a.wrappers), tensorboard=tensorboard,
+                      algo_overrides=kv(a.set), run_dir=run_dir, run_id=run_id, metrics_port=a.metrics_port)
+        deploy = replace(base.deploy, redis_url=base.deploy.redis_url or env.redis_url,
+                         blob_cache=base.deploy.blob_cache if base.deploy.blob_cache is not None else env.blob_cache)
+        learner = replace(base.learner, snapshot_store=base.learner.snapshot_store or env.snapshot_store)
+        return replace(base, run=run, deploy=deploy, learner=learner, streams=a.streams, bus=bus,
+                       object_store=ObjectStoreConfig.from_environment(env))
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
 
@@ -268,19 +272,19 @@ def cmd_train(a: argparse.Namespace) -> int:
     cfg = train_config(a, default_bus="kafka" if a.mode == "decoupled" else "memory")
     from rlstream.guide import check_redis
 
-    check_redis(cfg.snapshot_store, cfg.redis_url)  # before the run directory: a Redis that is not there
+    check_redis(cfg.learner.snapshot_store, cfg.deploy.redis_url)  # before the run directory: a Redis that is not there
     cfg = claim_run_dir(cfg, join=False)
     configure_logging(role=cfg.mode, run_id=cfg.effective_run_id(), level=a.log_level, json=a.log_json)
     log = get_logger("rlstream.train")
     preset = cfg.preset_name()
-    log.info("preset", env=cfg.env_id, algo=cfg.algo, preset=preset or "none",
-             **({"overrides": cfg.algo_overrides} if preset else {}))
+    log.info("preset", env=cfg.run.env_id, algo=cfg.run.algo, preset=preset or "none",
+             **({"overrides": cfg.run.algo_overrides} if preset else {}))
     stop = stop_on_signals()
     if cfg.mode == "colocated":
         from rlstream.colocated import run_colocated
 
         metrics = Metrics(role="colocated")
-        server, _ = _serve_metrics(metrics, cfg.metrics_port, "colocated", a.env)
+        server, _ = _serve_metrics(metrics, cfg.run.metrics_port, "colocated", a.env)
         try:
             summary = run_colocated(cfg, log=log, stop=stop, metrics=metrics)
         finally:
@@ -300,7 +304,7 @@ def cmd_train(a: argparse.Namespace) -> int:
     if a.json:  # for scripts; a person gets a few lines (the whole summary is in the run's summary.json)
         print(json.dumps({"summary": summary}, indent=2))
     else:
-        print(short_summary(summary, cfg.effective_run_id(), cfg.run_dir))
+        print(short_summary(summary, cfg.effective_run_id(), cfg.run.run_dir))
     print(verdict(summary), flush=True)
     return 0
 
@@ -316,26 +320,26 @@ def cmd_role(a: argparse.Namespace) -> int:
     env: Environment = a.env
     config = a.config or env.config_path
     cfg = read_config(config, env) if config else train_config(a, default_bus="kafka")
-    if config and getattr(a, "train", None) is not None and a.train.resume:
-        cfg = replace(cfg, resume=True)  # a supervised restart: the run's config, resumed
+    if config and getattr(a, "train", None) is not None and a.train.run.resume:
+        cfg = replace(cfg, run=replace(cfg.run, resume=True))  # a supervised restart: the run's config, resumed
     if config and a.metrics_port is not None:
-        cfg = replace(cfg, metrics_port=a.metrics_port)  # this process's own port (the run's file has none)
+        cfg = replace(cfg, run=replace(cfg.run, metrics_port=a.metrics_port))  # this process's own port (the run's file has none)
     role = a.command
-    if role == "learner" and cfg.device.startswith("cuda"):
+    if role == "learner" and cfg.learner.device.startswith("cuda"):
         import torch
 
         if not torch.cuda.is_available():  # say so, rather than torch's traceback at the first tensor
-            print(f"rlstream learner: error: --device {cfg.device}, but no GPU is visible to this process "
+            print(f"rlstream learner: error: --learner.device {cfg.learner.device}, but no GPU is visible to this process "
                   f"(torch.cuda.is_available() is False; {env.visible_devices()}). Run it where the NVIDIA "
-                  "runtime passes a GPU in (docs/deploy.md), or use --device cpu", file=sys.stderr, flush=True)
+                  "runtime passes a GPU in (docs/deploy.md), or use --learner.device cpu", file=sys.stderr, flush=True)
             return 2
     # a role joins its run's directory (one it was not told the id of: by mode and namespace);
     # another run's is refused
     cfg = claim_run_dir(cfg, join=True, adopt=not (config or a.run_id or env.run_id))
-    world = len(distributed.parse_devices(cfg.device, cfg.learners)) if role == "learner" else 1
+    world = len(distributed.parse_devices(cfg.learner.device, cfg.learner.learners)) if role == "learner" else 1
     ranks = env.rank()
     if world > 1 and not ranks.launched:  # the launcher: one process per rank
-        same = ["--run-id", cfg.effective_run_id(), "--run-dir", str(cfg.run_dir)]  # one run for every rank
+        same = ["--run-id", cfg.effective_run_id(), "--run-dir", str(cfg.run.run_dir)]  # one run for every rank
         code = distributed.launch_ranks(["-m", "rlstream.cli", *a.argv, *same], world, env.child())
         return code if code >= 0 else 1
     rank = ranks.rank
@@ -343,7 +347,7 @@ def cmd_role(a: argparse.Namespace) -> int:
     log = get_logger(f"rlstream.{role}")
     stop = stop_on_signals()
     metrics = Metrics(role=role)
-    server, health = _serve_metrics(metrics, cfg.metrics_port if rank == 0 else -1, role, env)
+    server, health = _serve_metrics(metrics, cfg.run.metrics_port if rank == 0 else -1, role, env)
     try:
         if role == "actor":
             summary = processes.run_actor(cfg, a.index, log=log, stop=stop, metrics=metrics, health=health,

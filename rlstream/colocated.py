@@ -20,6 +20,7 @@ counted, after the round's update, minus the fragment's) and the stream processo
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,31 +37,29 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
                   metrics: Metrics | None = None, bus=None) -> dict[str, Any]:
     """Train ``cfg`` in this process (see the module docstring) and return the run's summary,
     also written to ``<run_dir>/summary.json`` beside each role's."""
-    if cfg.actor_lag_versions:
-        raise ValueError("--actor-lag-versions applies to decoupled mode only "
-                         "(co-located actors always act with the learner's newest version)")
+    cfg = cfg if cfg.mode == "colocated" else replace(cfg, mode="colocated")  # (its checks: TrainConfig's)
     wiring.set_threads(cfg)
     metrics = metrics or Metrics(role="colocated")
     bus = bus or wiring.build_bus(cfg.bus)
     events = wiring.build_events(bus, metrics)
-    times = OverlapTimes() if cfg.overlap else None
-    proc = RoleProcess(cfg, "colocated", total_steps=cfg.total_steps, log=log, timeline=True, gpu=True,
-                       defer_batches=cfg.overlap)
+    times = OverlapTimes() if cfg.actor.overlap else None
+    proc = RoleProcess(cfg, "colocated", total_steps=cfg.run.total_steps, log=log, timeline=True, gpu=True,
+                       defer_batches=cfg.actor.overlap)
     progress = proc.progress
     with proc:
         learner = wiring.add_learner(proc, cfg, events, metrics)
-        if cfg.resume and learner.stats.updates:
-            progress.steps = learner.stats.updates * cfg.train_batch_size
+        if cfg.run.resume and learner.stats.updates:
+            progress.steps = learner.stats.updates * cfg.learner.train_batch_size
             progress.updates = learner.stats.updates
         progress.version = learner.version
         worker = wiring.add_prepare_worker(proc, cfg, events, metrics)
         progress.extra = _live(proc, worker)
         actors = [wiring.add_actor(proc, cfg, events, metrics, i, board="actor",
                                    lag=lambda batch: learner.version - batch.policy_version)
-                  for i in range(cfg.num_actors)]
+                  for i in range(cfg.actor.num_actors)]
         if log is not None:
             log.info("train_start", **wiring.describe(cfg), policy_version=learner.version)
-        done = lambda: progress.steps >= cfg.total_steps  # noqa: E731
+        done = lambda: progress.steps >= cfg.run.total_steps  # noqa: E731
         if times is not None:
             proc.drive_overlapped([Slot(Pinned(a)) for a in actors], [Slot(learner)], [Slot(worker, drain=True)],
                                   before=lambda: [a.adopt() for a in actors], done=done, stop=stop, times=times)
@@ -68,10 +67,10 @@ def run_colocated(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
             proc.drive([*(Slot(a) for a in actors), Slot(worker, drain=True), Slot(learner)], done=done, stop=stop)
     proc.write_summaries()
     summary = {**progress.summary(), **_figures(cfg, proc, bus, learner, worker, actors, times)}
-    summary.update(progress.write(cfg.run_dir, cfg.plot, f"{cfg.algo} on {cfg.env_id} (co-located)"))
-    if cfg.tensorboard:
-        summary["tensorboard"] = str(Path(cfg.tensorboard) / cfg.effective_run_id())
-    RunDir(cfg.run_dir).write_summary(summary)
+    summary.update(progress.write(cfg.run.run_dir, cfg.run.plot, f"{cfg.run.algo} on {cfg.run.env_id} (co-located)"))
+    if cfg.run.tensorboard:
+        summary["tensorboard"] = str(Path(cfg.run.tensorboard) / cfg.effective_run_id())
+    RunDir(cfg.run.run_dir).write_summary(summary)
     return summary
 
 
@@ -95,7 +94,7 @@ def _figures(cfg: TrainConfig, proc: RoleProcess, bus, learner, worker, actors: 
              times: OverlapTimes | None) -> dict[str, Any]:
     """The co-located summary's figures beside the progress's."""
     return {
-        "mode": "colocated", "algo": cfg.algo, "env": cfg.env_id, "wrappers": list(cfg.wrappers),
+        "mode": "colocated", "algo": cfg.run.algo, "env": cfg.run.env_id, "wrappers": list(cfg.run.wrappers),
         "events": {t: sum(bus.end_offsets(t).values())
                    for t in (POLICY_VERSIONS, SAMPLES_RAW, SAMPLES_PREPARED, LEARNER_STEPS, DEADLETTER)},
         "streams": worker.prepare.stats.as_dict(),

@@ -29,7 +29,6 @@ from runtime.progress import TIMELINE_FILE
 from runtime.roles import clear_summaries, read_summaries, summary_path
 from config.runfile import CONFIG_FILE
 from runtime.rundir import RunDir
-from config.train import OVERLAP_COLOCATED_ONLY
 from rlstream.monitor import RunMonitor, metrics_ports, run_learning, write_scrape_targets
 from rlstream.supervisor import Supervisor
 
@@ -38,8 +37,9 @@ def child_config(cfg: TrainConfig) -> TrainConfig:
     """The config every child of ``run_decoupled`` reads from ``<run_dir>/config.json``: ``cfg``
     resolved (``TrainConfig.resolved``), each actor's budget and lead fixed, no metrics servers
     (many roles on one host; the parent reads their state files instead)."""
-    return replace(cfg.resolved(), mode="decoupled", actor_steps=cfg.actor_budget(),
-                   max_steps_ahead=cfg.steps_ahead_bound(), metrics_port=-1)
+    r = cfg.resolved()
+    return replace(r, mode="decoupled", run=replace(r.run, metrics_port=-1),
+                   actor=replace(r.actor, actor_steps=cfg.actor_budget(), max_steps_ahead=cfg.steps_ahead_bound()))
 
 
 def child_commands(cfg: TrainConfig, config_path: Path) -> dict[str, list[str]]:
@@ -50,8 +50,8 @@ def child_commands(cfg: TrainConfig, config_path: Path) -> dict[str, list[str]]:
 
     cmds = {"learner": role("learner"),
             "streams": streams_cmd(cfg, 0)}
-    cmds.update({f"streams-{i}": streams_cmd(cfg, i) for i in range(1, max(1, cfg.stream_workers))})
-    cmds.update({f"actor-{i}": role("actor", "--index", str(i)) for i in range(cfg.num_actors)})
+    cmds.update({f"streams-{i}": streams_cmd(cfg, i) for i in range(1, max(1, cfg.deploy.stream_workers))})
+    cmds.update({f"actor-{i}": role("actor", "--index", str(i)) for i in range(cfg.actor.num_actors)})
     return cmds
 
 
@@ -59,14 +59,14 @@ def child_env(cfg: TrainConfig, config_path: Path, env: Environment) -> dict[str
     """The environment of the children: this one's (``env``), with the run's config file, bus
     and claim-check store."""
     return env.child({ENV_METRICS_PORT: None, ENV_CONFIG: str(config_path), ENV_KAFKA_BROKERS: cfg.bus.bootstrap,
-                      ENV_NAMESPACE: cfg.bus.namespace, ENV_RUN_DIR: str(cfg.run_dir),
+                      ENV_NAMESPACE: cfg.bus.namespace, ENV_RUN_DIR: str(cfg.run.run_dir),
                       ENV_BLOB_CACHE: cfg.blob_cache_dir() or "off", ENV_REDIS_URL: cfg.redis()})
 
 
 def streams_cmd(cfg: TrainConfig, index: int) -> list[str]:
     """The Faust worker ``index`` of a local run (its own data dir; its web server, /metrics and
     /healthz, on the port ``RLSTREAM_METRICS_PORT`` gives it: ``metrics_ports``)."""
-    data = cfg.run_dir / ("streams-data" if index == 0 else f"streams-data-{index}")
+    data = cfg.run.run_dir / ("streams-data" if index == 0 else f"streams-data-{index}")
     return [sys.executable, "-m", "faust", "-A", "streams", "--datadir", str(data), "worker", "-l", "warn"]
 
 
@@ -86,9 +86,9 @@ def _spawn(cfg: TrainConfig, sup: Supervisor, commands: dict[str, list[str]], lo
             sup.spawn(name, [*cmd, "--metrics-port", str(ports[name])], health_url=health)
     write_scrape_targets(cfg, ports)
     if log is not None:
-        log.info("decoupled_started", processes=sorted(sup.procs), logs=str(cfg.run_dir),
+        log.info("decoupled_started", processes=sorted(sup.procs), logs=str(cfg.run.run_dir),
                  namespace=cfg.bus.namespace or "(legacy)", partitions=cfg.bus.partitions,
-                 max_restarts=cfg.max_restarts, liveness_probes=cfg.liveness_probes)
+                 max_restarts=cfg.deploy.max_restarts, liveness_probes=cfg.deploy.liveness_probes)
 
 
 def _wait(cfg: TrainConfig, sup: Supervisor, monitor: RunMonitor, actors: list[str], stop: threading.Event,
@@ -97,8 +97,8 @@ def _wait(cfg: TrainConfig, sup: Supervisor, monitor: RunMonitor, actors: list[s
     exits 0 (``learner_done``), it has trained nothing for ``drain_s`` after every actor spent its
     budget (``drained``) or ``stop`` (``stopped``); returns the learner's exit code and why."""
     procs = sup.procs
-    drain_s = max(30.0, 3 * min(cfg.log_every_s, 60.0))  # children write their state every second
-    next_line = time.monotonic() + cfg.log_every_s
+    drain_s = max(30.0, 3 * min(cfg.run.log_every_s, 60.0))  # children write their state every second
+    next_line = time.monotonic() + cfg.run.log_every_s
     next_check = time.monotonic() + DRAIN_CHECK_S
     drained: tuple[int, float] | None = None  # (learner updates, since) once every actor is done
     while not stop.is_set():
@@ -108,7 +108,7 @@ def _wait(cfg: TrainConfig, sup: Supervisor, monitor: RunMonitor, actors: list[s
         if time.monotonic() >= next_check:  # drain checks do not wait for progress lines
             next_check = time.monotonic() + DRAIN_CHECK_S
             if time.monotonic() >= next_line:
-                next_line = time.monotonic() + cfg.log_every_s
+                next_line = time.monotonic() + cfg.run.log_every_s
                 updates = monitor.log_line()["updates"]
             else:
                 updates = monitor.learner_updates()
@@ -132,22 +132,21 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     progress for ``drain_s``. A role that dies or fails its liveness probe is restarted (``Supervisor``) up to
     ``max_restarts`` times, then ``ChildExited`` is raised. The children get ``env`` (the entry
     point's ``Environment``; None: this process's, read now) with the run's settings on top."""
-    if cfg.overlap:
-        raise ValueError(OVERLAP_COLOCATED_ONLY)
+    cfg = cfg if cfg.mode == "decoupled" else replace(cfg, mode="decoupled")  # (its checks: TrainConfig's)
     stop = stop or threading.Event()
     env = env if env is not None else Environment.read()
-    RunDir(cfg.run_dir).claim(cfg.run_id, mode="decoupled", resume=cfg.resume, join=True, algo=cfg.algo,
-                              env_id=cfg.env_id, namespace=cfg.bus.namespace)
-    for old in [*RunDir(cfg.run_dir).state_files(), *cfg.run_dir.glob(TIMELINE_FILE)]:
+    RunDir(cfg.run.run_dir).claim(cfg.run.run_id, mode="decoupled", resume=cfg.run.resume, join=True, algo=cfg.run.algo,
+                              env_id=cfg.run.env_id, namespace=cfg.bus.namespace)
+    for old in [*RunDir(cfg.run.run_dir).state_files(), *cfg.run.run_dir.glob(TIMELINE_FILE)]:
         old.unlink()  # a previous run's figures are not this run's
-    clear_summaries(cfg.run_dir)
-    config_path = write_config(child_config(cfg), cfg.run_dir / CONFIG_FILE)
-    sup = Supervisor(child_env(cfg, config_path, env), cfg.run_dir, cfg.max_restarts, log,
-                     liveness=LIVENESS_PROBE if cfg.liveness_probes else None)
+    clear_summaries(cfg.run.run_dir)
+    config_path = write_config(child_config(cfg), cfg.run.run_dir / CONFIG_FILE)
+    sup = Supervisor(child_env(cfg, config_path, env), cfg.run.run_dir, cfg.deploy.max_restarts, log,
+                     liveness=LIVENESS_PROBE if cfg.deploy.liveness_probes else None)
     procs = sup.procs
 
     bus = wiring.build_bus(cfg.bus)  # create the topics before anyone subscribes; read lags from it
-    actors = [f"actor-{i}" for i in range(cfg.num_actors)]
+    actors = [f"actor-{i}" for i in range(cfg.actor.num_actors)]
     commands = child_commands(cfg, config_path)
     monitor = RunMonitor(cfg, bus, actors, log, restarts=sup.restarts,
                          streams=[n for n in commands if n.startswith("streams")])
@@ -159,12 +158,12 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
     finally:
         bus.close()
         # an actor that wrote its summary has spent its budget and is on its way out
-        sup.stop(finishing=tuple(n for n in actors if not stop.is_set() and summary_path(cfg.run_dir, n).exists()))
-    summaries = read_summaries(cfg.run_dir, procs)
-    summary = {"mode": "decoupled", "run_id": cfg.run_id, "algo": cfg.algo, "env": cfg.env_id,
+        sup.stop(finishing=tuple(n for n in actors if not stop.is_set() and summary_path(cfg.run.run_dir, n).exists()))
+    summaries = read_summaries(cfg.run.run_dir, procs)
+    summary = {"mode": "decoupled", "run_id": cfg.run.run_id, "algo": cfg.run.algo, "env": cfg.run.env_id,
                "namespace": cfg.bus.namespace, "ended": ended, "learner_exit": rc,
                **run_learning(cfg, actors, summaries),
                "processes": summaries, "restarts": dict(sup.restarts), "restart_reasons": list(sup.reasons),
                "exit_codes": {n: p.returncode for n, p in procs.items()}}
-    RunDir(cfg.run_dir).write_summary(summary)
+    RunDir(cfg.run.run_dir).write_summary(summary)
     return summary

@@ -104,15 +104,15 @@ def check_runs_here(env_id: str, device: str, learners: int | None, mode: str, a
         missing = _missing(devices, problems)
         if missing:
             have = missing[1]
-            problems.append(f"--device {device}: this machine has "
+            problems.append(f"--learner.device {device}: this machine has "
                             + ("no CUDA device" if have == 0 else f"{have} CUDA device(s), not {', '.join(missing[0])}"))
             if fixed is not None:
-                fixed = with_flag(fixed, ("--device",), "cpu")
-                if ranks > 1 and given(fixed, ("--learners",)) is None:
-                    fixed = with_flag(fixed, ("--learners",), str(ranks))
+                fixed = with_flag(fixed, ("--learner.device",), "cpu")
+                if ranks > 1 and given(fixed, ("--learner.learners",)) is None:
+                    fixed = with_flag(fixed, ("--learner.learners",), str(ranks))
         if mode == "colocated" and ranks > 1:
-            problems.append(f"co-located mode trains one learner, not {ranks} ranks (--device {device}"
-                            + (f", --learners {learners}" if learners else "") + "): ranks need --mode decoupled")
+            problems.append(f"co-located mode trains one learner, not {ranks} ranks (--learner.device {device}"
+                            + (f", --learner.learners {learners}" if learners else "") + "): ranks need --mode decoupled")
             fixed = None
     if problems:
         raise SystemExit("; ".join(problems)
@@ -160,8 +160,8 @@ def check_redis(snapshot_store: str | None, redis_url: str | None, timeout_s: fl
     own retries."""
     from urllib.parse import urlsplit, urlunsplit
 
-    for url, flag in ((snapshot_store, "--snapshot-store (or RLSTREAM_SNAPSHOT_STORE)"),
-                      (redis_url, "--redis-url (or REDIS_URL)")):
+    for url, flag in ((snapshot_store, "--learner.snapshot-store (or RLSTREAM_SNAPSHOT_STORE)"),
+                      (redis_url, "--deploy.redis-url (or REDIS_URL)")):
         parts = urlsplit(str(url or ""))
         if parts.scheme not in ("redis", "rediss", "unix"):
             continue

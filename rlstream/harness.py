@@ -89,8 +89,8 @@ class RoleProcess:
                  state: bool = False, timeline: bool = False, gpu: bool = False, defer_batches: bool = False,
                  flush: Any = None) -> None:
         self.cfg, self.name, self.log, self.health, self.flush = cfg, name, log, health, flush
-        self.progress = Progress(total_steps=total_steps, log_every_s=cfg.log_every_s, log=log,
-                                 state_path=RunDir(cfg.run_dir).state_file(name) if state else None,
+        self.progress = Progress(total_steps=total_steps, log_every_s=cfg.run.log_every_s, log=log,
+                                 state_path=RunDir(cfg.run.run_dir).state_file(name) if state else None,
                                  record_timeline=timeline)
         self.latencies = Latencies(window=timeline)
         self.lag = PolicyLag()
@@ -106,7 +106,7 @@ class RoleProcess:
     def board(self, name: str) -> TensorBoardRun:
         """The TensorBoard run ``<tensorboard>/<run id>/<name>`` (closed with the process)."""
         if name not in self._boards:
-            self._boards[name] = TensorBoardRun(self.cfg.tensorboard, self.cfg.effective_run_id(), name)
+            self._boards[name] = TensorBoardRun(self.cfg.run.tensorboard, self.cfg.effective_run_id(), name)
         return self._boards[name]
 
     def add(self, name: str, role: Any, close: Callable[[], None] | None = None) -> Any:
@@ -194,7 +194,7 @@ class RoleProcess:
         return ended
 
     def write_summary(self, name: str, summary: dict[str, Any]) -> None:
-        write_summary(self.cfg.run_dir, name, summary)
+        write_summary(self.cfg.run.run_dir, name, summary)
 
     def write_summaries(self) -> None:
         """Each role's own summary, as ``<run_dir>/<name>.summary.json``."""

@@ -55,7 +55,7 @@ class RunMonitor:
     def _window_freshness(self) -> float | None:
         fresh = checked = 0
         for name in self.streams:
-            st = read_state(RunDir(self.cfg.run_dir).state_file(name)) or {}
+            st = read_state(RunDir(self.cfg.run.run_dir).state_file(name)) or {}
             f, c = st.get("fresh_samples"), st.get("checked_samples")
             if not (isinstance(f, int) and isinstance(c, int)):
                 continue
@@ -73,7 +73,7 @@ class RunMonitor:
             return None
 
     def fields(self) -> dict[str, Any]:
-        states = {n: read_state(RunDir(self.cfg.run_dir).state_file(n)) or {} for n in self.actors}
+        states = {n: read_state(RunDir(self.cfg.run.run_dir).state_file(n)) or {} for n in self.actors}
         learner = self._learner_state()
         steps = sum(int(st.get("steps", 0)) for st in states.values())
         now = time.perf_counter()
@@ -84,7 +84,7 @@ class RunMonitor:
         actor_versions = [int(st["policy_version"]) for st in states.values() if "policy_version" in st]
         return {
             "steps": steps,
-            "pct": round(100.0 * steps / max(1, self.cfg.total_steps), 1),
+            "pct": round(100.0 * steps / max(1, self.cfg.run.total_steps), 1),
             "sps": round((steps - s0) / max(1e-9, now - t0)),
             "episodes": sum(int(st.get("episodes", 0)) for st in states.values()),
             "return_mean20": round(sum(returns) / len(returns), 1) if returns else None,
@@ -102,7 +102,7 @@ class RunMonitor:
         }
 
     def _learner_state(self) -> dict[str, Any]:
-        return read_state(RunDir(self.cfg.run_dir).state_file("learner")) or {}
+        return read_state(RunDir(self.cfg.run.run_dir).state_file("learner")) or {}
 
     def learner_updates(self) -> int:
         """The learner's update count from its state file (no broker call)."""
@@ -111,7 +111,7 @@ class RunMonitor:
     def log_line(self) -> dict[str, Any]:
         fields = self.fields()
         self.timeline.append({"t_s": round(time.perf_counter() - self.started, 3), **fields})
-        write_json_atomic(self.cfg.run_dir / TIMELINE_FILE, self.timeline, indent=None)
+        write_json_atomic(self.cfg.run.run_dir / TIMELINE_FILE, self.timeline, indent=None)
         if self.log is not None:
             self.log.info("progress", **fields)
             if fields["stalled"]:
@@ -151,7 +151,7 @@ def write_scrape_targets(cfg: TrainConfig, ports: dict[str, int], host: str = "1
                 "labels": {"role": name.split("-")[0], "process": name, "run_id": cfg.effective_run_id(),
                            "namespace": cfg.bus.namespace}}
                for name, port in sorted(ports.items())]
-    return write_json_atomic(cfg.run_dir / TARGETS_FILE, targets)
+    return write_json_atomic(cfg.run.run_dir / TARGETS_FILE, targets)
 
 
 def run_learning(cfg: TrainConfig, actors: list[str], summaries: dict[str, dict]) -> dict[str, Any]:
@@ -163,7 +163,7 @@ def run_learning(cfg: TrainConfig, actors: list[str], summaries: dict[str, dict]
     for name in actors:
         steps = int(summaries.get(name, {}).get("steps") or 0)
         try:
-            curve = json.loads((cfg.run_dir / name / "curve.json").read_text())
+            curve = json.loads((cfg.run.run_dir / name / "curve.json").read_text())
         except (OSError, ValueError):
             continue
         for s, r in zip(curve.get("steps", []), curve.get("returns", [])):
@@ -176,6 +176,6 @@ def run_learning(cfg: TrainConfig, actors: list[str], summaries: dict[str, dict]
         progress.recent_returns.append(r)
     learned = {k: v for k, v in progress.summary().items()
                if k in ("steps", "episodes", "return_mean20", "first_returns_mean")}
-    learned.update(progress.write(cfg.run_dir, cfg.plot,
-                                  f"{cfg.algo} on {cfg.env_id} (decoupled, {len(actors)} actor(s))"))
+    learned.update(progress.write(cfg.run.run_dir, cfg.run.plot,
+                                  f"{cfg.run.algo} on {cfg.run.env_id} (decoupled, {len(actors)} actor(s))"))
     return learned

@@ -33,7 +33,7 @@ def run_actor(cfg: TrainConfig, index: int | None, log: Any = None, stop: thread
     the loop heartbeats while it waits for a policy version, room, or a stalled learner.
     ``index`` None: the id is ``<host>-<generation>`` (``actor.identity.register``)."""
     wiring.set_threads(cfg)
-    check_redis(None, cfg.redis_url, unreachable_ok=True)  # a wrong password: one line, exit 2
+    check_redis(None, cfg.deploy.redis_url, unreachable_ok=True)  # a wrong password: one line, exit 2
     metrics = metrics or Metrics(role="actor")
     bus = wiring.build_bus(cfg.bus)
     if index is None:
@@ -66,7 +66,7 @@ def run_actor(cfg: TrainConfig, index: int | None, log: Any = None, stop: thread
         proc.drive([Slot(actor, timeout=0.5)], done=lambda: flow.exhausted, stop=stop)
     progress = proc.progress
     learning = {k: v for k, v in progress.summary().items() if k in ("return_mean20", "first_returns_mean")}
-    learning.update(progress.write(cfg.run_dir / name, cfg.plot, f"{cfg.algo} on {cfg.env_id} (decoupled, {name})"))
+    learning.update(progress.write(cfg.run.run_dir / name, cfg.run.plot, f"{cfg.run.algo} on {cfg.run.env_id} (decoupled, {name})"))
     summary = {**actor.summary(), "actor_id": actor.config.actor_id, "steps": progress.steps, **learning,
                "collect_s": round(proc.collect_s, 3),
                "flow": flow.stats(), "policy_latency_ms": proc.latencies.quantiles_ms()}
@@ -85,11 +85,11 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
     stop = stop or threading.Event()
     metrics = metrics or Metrics(role="learner")
     cfg = wiring.rank_config(cfg, rank)
-    check_redis(cfg.snapshot_url(), cfg.redis_url, unreachable_ok=True)  # a wrong password: one line, exit 2
+    check_redis(cfg.snapshot_url(), cfg.deploy.redis_url, unreachable_ok=True)  # a wrong password: one line, exit 2
     bus = wiring.build_bus(cfg.bus)
     events = wiring.build_events(bus, metrics)
     # the learner is the role that holds the GPU
-    proc = RoleProcess(cfg, role, total_steps=cfg.total_steps, log=log, health=health, state=True, gpu=True)
+    proc = RoleProcess(cfg, role, total_steps=cfg.run.total_steps, log=log, health=health, state=True, gpu=True)
     proc.on_close(lambda: (bus.flush(), bus.close()))
 
     def idle() -> dict[str, Any]:  # a learner without data for long is the sign of a stalled run
@@ -112,7 +112,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
         proc.drive([Slot(learner, timeout=0.2)], stop=None if parallel else stop,  # ranks stop together
                    # done once it has trained the run's budget of samples (AGRO/TBA updates can be
                    # larger than a batch: counting updates would wait for samples that never come)
-                   done=lambda: learner.stats.samples_trained >= cfg.total_steps or ranks.stopping)
+                   done=lambda: learner.stats.samples_trained >= cfg.run.total_steps or ranks.stopping)
     summary = {**learner.summary(), "wall_s": round(time.perf_counter() - started, 3),
                "breaker_trips": breaker.trips, "rank": rank.rank, "world_size": rank.world_size,
                "uneven_updates": ranks.uneven_updates, "gpu": proc.gpu.summary()}
@@ -122,4 +122,4 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
 
 def write_effective_config(cfg: TrainConfig, name: str) -> Path:
     """Record the config role ``name`` runs with (``<run_dir>/<name>.config.json``)."""
-    return write_config(cfg, RunDir(cfg.run_dir).config_file(name))
+    return write_config(cfg, RunDir(cfg.run.run_dir).config_file(name))

@@ -18,6 +18,7 @@ from actor.identity import actor_seed
 from actor.policy_client import PolicySubscriber
 from actor.rollout_process import RolloutProcess
 from config import BusConfig, PrepareConfig, TrainConfig
+from config.sections import LearnerSection
 from config.env import RankEnv
 from learner.learner import Learner, LearnerConfig
 from learner.minibatch import MINIBATCH_SIZES, MinibatchController
@@ -40,8 +41,8 @@ build_events = event_bus
 
 
 def build_blob_store(cfg: TrainConfig):
-    """The claim-check store of the run (None without Redis), behind the host blob cache."""
-    return blob_store_of(cfg.redis(), cfg.blob_cache)
+    """The claim-check store of the run (``deploy.redis_url``; None without Redis), behind the host blob cache."""
+    return blob_store_of(cfg.redis(), cfg.deploy.blob_cache)
 
 
 def blob_store_of(redis_url: str | None, cache: str | None):
@@ -55,35 +56,35 @@ def build_algo(cfg: TrainConfig, obs_dim: int, act_dim: int, nvec: tuple[int, ..
     """The algorithm of ``cfg``; ``nvec``: discrete action choices (categorical policy head)."""
     from agents.registry import algorithm_spec, make_algorithm, make_config
 
-    overrides = dict(cfg.algo_overrides)
+    overrides = dict(cfg.run.algo_overrides)
     if nvec:
         overrides["action_nvec"] = tuple(nvec)
-    overrides.setdefault("seed", cfg.seed)
-    updates = algorithm_spec(cfg.algo).updates_field  # e.g. PPO's learning-rate annealing
+    overrides.setdefault("seed", cfg.run.seed)
+    updates = algorithm_spec(cfg.run.algo).updates_field  # e.g. PPO's learning-rate annealing
     if updates is not None and updates not in overrides:
-        overrides[updates] = max(1, cfg.total_steps // cfg.train_batch_size)
-    torch.manual_seed(cfg.seed)
+        overrides[updates] = max(1, cfg.run.total_steps // cfg.learner.train_batch_size)
+    torch.manual_seed(cfg.run.seed)
     if "capture_update" not in overrides:
-        overrides["capture_update"] = capture_update(cfg, make_config(cfg.algo, overrides))
-    return make_algorithm(cfg.algo, obs_dim, act_dim, overrides, cfg.device)
+        overrides["capture_update"] = capture_update(cfg, make_config(cfg.run.algo, overrides))
+    return make_algorithm(cfg.run.algo, obs_dim, act_dim, overrides, cfg.learner.device)
 
 
 def capture_update(cfg: TrainConfig, c) -> bool:
-    """``cfg.compile_update``, or its auto rule on the run's optimizer steps (``agents.capture``)
+    """``cfg.learner.compile_update``, or its auto rule on the run's optimizer steps (``agents.capture``)
     for the algorithm config ``c``."""
     from agents.capture import pays_to_capture
 
-    if cfg.compile_update is not None:
-        return bool(cfg.compile_update)
+    if cfg.learner.compile_update is not None:
+        return bool(cfg.learner.compile_update)
     per_update = getattr(c, "update_epochs", 1) * getattr(c, "num_minibatches", 1)
-    steps = max(1, cfg.total_steps // max(1, cfg.train_batch_size)) * per_update
-    ranks = cfg.learners or len(str(cfg.device).split(","))
-    return pays_to_capture(cfg.algo, cfg.device, steps, ranks)
+    steps = max(1, cfg.run.total_steps // max(1, cfg.learner.train_batch_size)) * per_update
+    ranks = cfg.learner.learners or len(str(cfg.learner.device).split(","))
+    return pays_to_capture(cfg.run.algo, cfg.learner.device, steps, ranks)
 
 
 def group_size(cfg: TrainConfig) -> int:
     """Envs per start-state group (0: none); the per-algorithm default is ``config.algos.ALGO_DEFAULTS``."""
-    return cfg.group_size or 0
+    return cfg.actor.group_size or 0
 
 
 def is_on_policy(algo: str) -> bool:
@@ -102,7 +103,7 @@ def build_flow(cfg: TrainConfig, bus: Bus, metrics: Metrics | None, log=None):
     newer version after their share of a learner batch; off-policy ones free-run under
     backpressure from the stream processors' backlog, with a dynamic fragment length unless
     ``fragment_steps`` is fixed. Both wait for the learner once they are
-    ``cfg.steps_ahead_bound()`` env steps ahead of it while more than ``cfg.max_backlog`` records
+    ``cfg.steps_ahead_bound()`` env steps ahead of it while more than ``cfg.actor.max_backlog`` records
     wait for the processors and the learner, and stop at ``cfg.actor_budget()`` (``LearnerGate``)."""
     from actor.flow import LearnerGate
 
@@ -114,31 +115,31 @@ def build_flow(cfg: TrainConfig, bus: Bus, metrics: Metrics | None, log=None):
     def backlog() -> float:  # records the processors and the learner have not consumed
         return float(bus.group_lag(STREAMS_GROUP, SAMPLES_RAW) + bus.group_lag(cfg.bus.learner_group, SAMPLES_PREPARED))
 
-    return LearnerGate(_inner_flow(cfg, bus, metrics, log), cfg.steps_ahead_bound(), cfg.num_envs,
-                       budget=cfg.actor_budget(), backlog=backlog, max_backlog=cfg.max_backlog, on_stall=on_stall)
+    return LearnerGate(_inner_flow(cfg, bus, metrics, log), cfg.steps_ahead_bound(), cfg.actor.num_envs,
+                       budget=cfg.actor_budget(), backlog=backlog, max_backlog=cfg.actor.max_backlog, on_stall=on_stall)
 
 
 def _inner_flow(cfg: TrainConfig, bus: Bus, metrics: Metrics | None, log=None):
     from actor.flow import Backpressure, OnPolicySync
 
-    if is_on_policy(cfg.algo):
+    if is_on_policy(cfg.run.algo):
         def on_timeout(version: int, waited: float) -> None:
             if log is not None:
                 log.warning("policy_wait_timeout", version=version, waited_s=round(waited, 2),
                             note="no newer policy version; sending one more fragment under this one")
 
-        return OnPolicySync(cfg.batches_per_version(), cfg.policy_wait_s, on_timeout=on_timeout)
+        return OnPolicySync(cfg.batches_per_version(), cfg.actor.policy_wait_s, on_timeout=on_timeout)
 
     def backlog() -> float:
         return float(bus.group_lag(STREAMS_GROUP, SAMPLES_RAW))
 
     sizes = None
-    if not cfg.fixed_fragments and not cfg.fragment_steps:
+    if not cfg.actor.fixed_fragments and not cfg.actor.fragment_steps:
         from actor.fragment_size import FragmentSizeController
 
         sizes = FragmentSizeController()
     on_size = metrics.set_fragment_length if metrics is not None else None
-    return Backpressure(backlog, max_backlog=cfg.max_backlog, sizes=sizes, on_size=on_size)
+    return Backpressure(backlog, max_backlog=cfg.actor.max_backlog, sizes=sizes, on_size=on_size)
 
 
 def build_actor(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, index: int,
@@ -166,19 +167,41 @@ def build_actor(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, ind
             on_batch(batch, seconds)
 
     blob = build_blob_store(cfg)
-    sub = PolicySubscriber(events, policy_id=cfg.policy_id, stage=actor_id, on_latency=on_latency,
-                           blob_store=blob, lag=cfg.actor_lag_versions)
-    g = group_size(cfg)
-    num_envs = cfg.num_envs
-    if g and num_envs % g:
-        raise ValueError(f"--num-envs {num_envs} must be a multiple of the group size {g} for {cfg.algo}")
-    acfg = ActorConfig(actor_id=actor_id, env_id=cfg.env_id, num_envs=num_envs,
-                       fragment_steps=cfg.effective_fragment_steps(), seed=actor_seed(cfg.seed, index),
-                       group_size=g, wrappers=tuple(cfg.wrappers), swap_every=SWAP_EVERY if (cfg.mode == "decoupled" and not g
-                                                               and not is_on_policy(cfg.algo)) else 0)
-    # --overlap: the envs in a child process, so collection runs beside the learner's update
-    rollout = RolloutProcess(acfg) if cfg.overlap else None
+    sub = PolicySubscriber(events, policy_id=cfg.run.policy_id, stage=actor_id, on_latency=on_latency,
+                           blob_store=blob, lag=cfg.actor.actor_lag_versions)
+    acfg = actor_config(cfg, actor_id, index)
+    # --actor.overlap: the envs in a child process, so collection runs beside the learner's update
+    rollout = RolloutProcess(acfg) if cfg.actor.overlap else None
     return Actor(acfg, sub, events, on_batch=batch_hook, on_reject=on_reject, flow=flow, rollout=rollout)
+
+
+def actor_config(cfg: TrainConfig, actor_id: str, index: int) -> ActorConfig:
+    """The one mapping of the run's ``actor`` section (and ``run``'s env and seed) onto actor
+    ``index``'s ``ActorConfig``."""
+    a, g = cfg.actor, group_size(cfg)
+    if g and a.num_envs % g:
+        raise ValueError(f"--actor.num-envs {a.num_envs} must be a multiple of the group size {g} for {cfg.run.algo}")
+    free_running = cfg.mode == "decoupled" and not g and not is_on_policy(cfg.run.algo)
+    return ActorConfig(actor_id=actor_id, env_id=cfg.run.env_id, num_envs=a.num_envs,
+                       fragment_steps=cfg.effective_fragment_steps(), seed=actor_seed(cfg.run.seed, index),
+                       group_size=g, wrappers=tuple(cfg.run.wrappers), swap_every=SWAP_EVERY if free_running else 0)
+
+
+def learner_config(cfg: TrainConfig) -> LearnerConfig:
+    """The one mapping of the run's ``learner`` section (and ``run``'s identity, ``deploy``'s
+    claim-check size, the bus's group) onto the ``LearnerConfig``."""
+    s = cfg.learner
+    return LearnerConfig(algo=cfg.run.algo, train_batch_size=s.train_batch_size, snapshot_every=s.snapshot_every,
+                         snapshot_interval_s=s.snapshot_interval_s, total_samples=cfg.run.total_steps,
+                         env_id=cfg.run.env_id, policy_id=cfg.run.policy_id, run_id=cfg.effective_run_id(),
+                         claim_check_above=cfg.deploy.claim_check_above, group=cfg.bus.learner_group)
+
+
+def build_replay(cfg: TrainConfig) -> ReplayCache | None:
+    """The learner's sample cache of the ``replay`` section (None: off; a fragment larger than the
+    cache: a clear ``ValueError``, ``TrainConfig.replay_settings``)."""
+    settings = cfg.replay_settings()
+    return ReplayCache(ReplayConfig(**settings), seed=cfg.run.seed) if settings is not None else None
 
 
 def build_prepare(cfg: PrepareConfig, blob_store: BlobStore | None, metrics: Metrics | None,
@@ -234,11 +257,11 @@ def build_faust_app(settings: StreamsSettings, metrics: Metrics | None = None):
     return app
 
 
-def build_backlog_breaker(cfg: TrainConfig, metrics: Metrics | None):
+def build_backlog_breaker(section: LearnerSection, metrics: Metrics | None):
     """The decoupled learner's breaker over the stream processors' backlog on rl.samples.raw."""
     from learner.circuit_breaker import CircuitBreaker
 
-    return CircuitBreaker(open_above=cfg.breaker_open_above, close_below=cfg.breaker_close_below, min_open_s=1.0,
+    return CircuitBreaker(open_above=section.breaker_open_above, close_below=section.breaker_close_below, min_open_s=1.0,
                           on_change=metrics.circuit_breaker_hook() if metrics is not None else None)
 
 
@@ -261,7 +284,7 @@ def build_data_parallel(cfg: TrainConfig, algo, rank: RankEnv, stop: threading.E
         return None
     from learner import distributed
 
-    return distributed.DataParallel.from_env(algo, rank, cfg.grad_compression, stop=stop.is_set)
+    return distributed.DataParallel.from_env(algo, rank, cfg.learner.grad_compression, stop=stop.is_set)
 
 
 def consumer_lag_gauge(metrics: Metrics, bus: Bus, group: str, topic: str):
@@ -280,7 +303,7 @@ def build_learner(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, a
     (the dynamic minibatch size's signal, ``--dynamic-batch``)."""
     from learner.snapshots.url import open_store
 
-    store = open_store(cfg.snapshot_url(), keep_timed=cfg.snapshot_keep_timed, object_store=cfg.object_store)
+    store = open_store(cfg.snapshot_url(), keep_timed=cfg.learner.snapshot_keep_timed, object_store=cfg.object_store)
 
     def update_hook(learner: Learner, m: dict[str, float], seconds: float) -> None:
         if metrics is not None:
@@ -297,16 +320,11 @@ def build_learner(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, a
             on_update(learner, m, seconds)
 
     blob = build_blob_store(cfg)
-    lcfg = LearnerConfig(algo=cfg.algo, train_batch_size=cfg.train_batch_size, snapshot_every=cfg.snapshot_every,
-                         snapshot_interval_s=cfg.snapshot_interval_s,
-                         total_samples=cfg.total_steps,
-                         env_id=cfg.env_id, policy_id=cfg.policy_id, run_id=cfg.effective_run_id(),
-                         claim_check_above=cfg.claim_check_above, group=cfg.bus.learner_group)
-    settings = cfg.replay_settings()
-    replay = ReplayCache(ReplayConfig(**settings), seed=cfg.seed) if settings is not None else None
+    lcfg = learner_config(cfg)
+    replay = build_replay(cfg)
     control = None
-    if cfg.dynamic_batch:
-        static = cfg.train_batch_size // max(1, getattr(algo.config, "num_minibatches", 1))
+    if cfg.learner.dynamic_batch:
+        static = cfg.learner.train_batch_size // max(1, getattr(algo.config, "num_minibatches", 1))
         control = MinibatchController(initial=min(MINIBATCH_SIZES, key=lambda s: abs(s - static)))
     return Learner(lcfg, algo, events, snapshots=store, breaker=breaker, lag_signal=lag_signal,
                    on_update=update_hook, blob_store=blob, parallel=parallel,
@@ -318,7 +336,7 @@ def build_learner(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, a
 def set_threads(cfg: TrainConfig) -> None:
     """Torch's threads: one unless asked (a small MLP's update gains nothing from a second one on
     an idle machine and runs tens of times slower beside another busy process; config.train)."""
-    torch.set_num_threads(cfg.torch_threads or 1)
+    torch.set_num_threads(cfg.deploy.torch_threads or 1)
 
 
 def rank_config(cfg: TrainConfig, rank: RankEnv) -> TrainConfig:
@@ -328,8 +346,9 @@ def rank_config(cfg: TrainConfig, rank: RankEnv) -> TrainConfig:
         return cfg
     from learner import distributed
 
-    device = distributed.parse_devices(cfg.device, cfg.learners or rank.world_size)[rank.local_rank]
-    return replace(cfg, device=device, tensorboard=cfg.tensorboard if rank.rank == 0 else None)
+    device = distributed.parse_devices(cfg.learner.device, cfg.learner.learners or rank.world_size)[rank.local_rank]
+    return replace(cfg, learner=replace(cfg.learner, device=device),
+                   run=replace(cfg.run, tensorboard=cfg.run.tensorboard if rank.rank == 0 else None))
 
 
 def add_actor(proc: RoleProcess, cfg: TrainConfig, events: EventBus, metrics: Metrics | None, index: int, *,
@@ -351,7 +370,7 @@ def add_prepare_worker(proc: RoleProcess, cfg: TrainConfig, events: EventBus, me
 def add_learner(proc: RoleProcess, cfg: TrainConfig, events: EventBus, metrics: Metrics | None, *,
                 name: str = "learner", rank: RankEnv | None = None, bus: Bus | None = None,
                 stop: threading.Event | None = None) -> Learner:
-    """The learner of ``cfg``, started (resumed with ``cfg.resume``) and held by ``proc``: its
+    """The learner of ``cfg``, started (resumed with ``cfg.run.resume``) and held by ``proc``: its
     updates move the progress and the TensorBoard run ``learner``; it takes a last snapshot when
     it closes once the roles were driven (not after a lost peer). ``rank`` (decoupled): one of the
     run's ranks, with its data-parallel group (``build_data_parallel``), the backlog breaker and
@@ -361,7 +380,7 @@ def add_learner(proc: RoleProcess, cfg: TrainConfig, events: EventBus, metrics: 
     parallel = breaker = lag = None
     if rank is not None:
         parallel = build_data_parallel(cfg, algo, rank, stop or threading.Event())
-        breaker = build_backlog_breaker(cfg, metrics)
+        breaker = build_backlog_breaker(cfg.learner, metrics)
         lag = consumer_lag_gauge(metrics, bus, STREAMS_GROUP, SAMPLES_RAW) if metrics is not None else None
     learner = build_learner(cfg, events, metrics, algo, on_update=proc.update_hook(steps_trained=rank is not None),
                             breaker=breaker, lag_signal=lag, parallel=parallel,
@@ -377,7 +396,7 @@ def add_learner(proc: RoleProcess, cfg: TrainConfig, events: EventBus, metrics: 
             distributed.close_group()
 
     proc.add(name, learner, close=close)
-    learner.start(resume=cfg.resume)
+    learner.start(resume=cfg.run.resume)
     return learner
 
 
@@ -390,13 +409,13 @@ class EnvInfo:
 
 
 def env_info(cfg: TrainConfig) -> EnvInfo:
-    spec = env_dims(cfg.env_id, cfg.wrappers)
+    spec = env_dims(cfg.run.env_id, cfg.run.wrappers)
     return EnvInfo(spec.obs_dim, spec.act_dim, spec.nvec)
 
 
 def describe(cfg: TrainConfig) -> dict[str, Any]:
-    return {"mode": cfg.mode, "algo": cfg.algo, "env": cfg.env_id, "wrappers": list(cfg.wrappers),
-            "total_steps": cfg.total_steps,
-            "num_actors": cfg.num_actors, "num_envs": cfg.num_envs,
-            "fragment_steps": cfg.effective_fragment_steps(), "train_batch_size": cfg.train_batch_size,
+    return {"mode": cfg.mode, "algo": cfg.run.algo, "env": cfg.run.env_id, "wrappers": list(cfg.run.wrappers),
+            "total_steps": cfg.run.total_steps,
+            "num_actors": cfg.actor.num_actors, "num_envs": cfg.actor.num_envs,
+            "fragment_steps": cfg.effective_fragment_steps(), "train_batch_size": cfg.learner.train_batch_size,
             "group_size": group_size(cfg)}

@@ -116,7 +116,8 @@ def is_run(path: str | Path) -> bool:
     if (path / "log" / "_topics.json").is_file():  # a co-located run's event log
         return True
     config = _read_json(path / "config.json") if "config.json" in names else None  # a decoupled run's config
-    return bool(config) and isinstance(config.get("config"), dict) and "run_id" in config["config"]
+    body = config.get("config") if isinstance(config, dict) else None  # (sections, or the flat layout of before)
+    return isinstance(body, dict) and ("run_id" in body or "run_id" in (body.get("run") or {}))
 
 
 def find_runs(runs_dir: str | Path) -> list[Path]:

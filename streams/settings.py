@@ -111,8 +111,8 @@ class StreamsSettings:
         fields = {"brokers": cfg.bus.bootstrap, "app_id": ns.group(STREAMS_GROUP), "namespace": ns,
                   "topic_partitions": cfg.bus.partitions, "replication": cfg.bus.replication,
                   "prepare": cfg.prepare_config(),
-                  "torch_threads": cfg.torch_threads or 1, "redis_url": cfg.redis(),
-                  "blob_cache": cfg.blob_cache_dir(), "run_dir": str(cfg.run_dir), "run_config": cfg,
+                  "torch_threads": cfg.deploy.torch_threads or 1, "redis_url": cfg.redis(),
+                  "blob_cache": cfg.blob_cache_dir(), "run_dir": str(cfg.run.run_dir), "run_config": cfg,
                   "client_config": dict(cfg.bus.security)}
         return cls(**{**fields, **kwargs})
 

@@ -43,7 +43,7 @@ def test_the_gpu_learner_says_no_gpu_is_visible(gpu_image) -> None:
     res = podman("run", "--rm", "--network", "none", gpu_image, "rlstream", "learner", "--log-json", "--device",
                  "cuda", "--run-dir", "/tmp/run", "--metrics-port", "-1", check=False, timeout=300)
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
-    assert "--device cuda, but no GPU is visible to this process" in res.stderr, res.stderr[-2000:]
+    assert "--learner.device cuda, but no GPU is visible to this process" in res.stderr, res.stderr[-2000:]
     assert "Traceback" not in res.stderr
 
 

@@ -24,6 +24,7 @@ from config.env import Environment
 from config.bus import Replication
 from config.runfile import CONFIG_FILE, read_run_config
 from config.storage import ObjectStoreConfig
+from config.sections import SECTIONS, RunSection, flag_of
 from config.train import default_cache_dir
 from rlstream.decoupled import child_config, child_env, run_decoupled
 from streams.topics import SAMPLES_RAW, Retention
@@ -38,7 +39,7 @@ PREPARE = dict(max_versions=5, max_ms=7_000, staleness_mode="drop", decay=0.25, 
                max_actors=50, importance=False, rho_bar=0.9, c_bar=0.8, behaviour_cap=3.0, policy_id=POLICY)
 
 
-#: Fields a decoupled run refuses (``run_decoupled``): they have no role process to reach.
+#: Fields a decoupled run refuses (``TrainConfig`` in decoupled mode): they have no role process to reach.
 COLOCATED_ONLY = ("overlap",)
 
 
@@ -46,42 +47,48 @@ def every_field_set(tmp_path: Path, bootstrap: str) -> TrainConfig:
     bus = dict(kind="kafka", bootstrap=bootstrap, partitions=2, log_dir=str(tmp_path / "unused-log"),
                retention={SAMPLES_RAW: Retention(ms=3_600_000, bytes=-1)}, namespace=f"cfg{uuid.uuid4().hex[:8]}",
                learner_group="cfg-trainers", replication=Replication(factor=1, min_insync=1))  # one broker here
-    train = dict(mode="decoupled", algo="tba", env_id="Pendulum-v1", wrappers=("clip_reward",), total_steps=4096,
-                 preset="none",
-                 num_actors=2, num_envs=2, fragment_steps=16, train_batch_size=64, seed=7, group_size=2,
-                 algo_overrides={"gamma": 0.98}, run_dir=tmp_path / "run", run_id="cfg-run",
-                 snapshot_store=str(tmp_path / "snaps"), snapshot_every=3, snapshot_interval_s=3600.0,
-                 snapshot_keep_timed=3, resume=True, plot=False, compile_update=False,
-                 tensorboard=str(tmp_path / "tb"), metrics_port=9555, log_every_s=1.5, device="cpu:0",
-                 redis_url=os.environ.get("REDIS_URL", "redis://127.0.0.1:1/0"), breaker_open_above=100.0,
-                 breaker_close_below=10.0, breaker_policy_lag_versions=6, streams=PrepareConfig(**PREPARE),
-                 policy_id=POLICY,
-                 max_batches_per_version=3, policy_wait_s=7.0, max_backlog=9, fixed_fragments=True,
-                 actor_steps=1000, max_steps_ahead=5000, torch_threads=2, learners=2, grad_compression="bf16",
-                 stream_workers=2, max_restarts=1, liveness_probes=False, claim_check_above=2 << 20, actor_lag_versions=3,
-                 blob_cache=str(tmp_path / "blobs"), replay=True, replay_capacity=512,
-                 replay_samples_per_insert=1.5, replay_max_reuse=3, replay_min_size=64, dynamic_batch=True,
-                 bus=BusConfig(**bus))
-    for cls, values in ((TrainConfig, train), (BusConfig, bus), (PrepareConfig, PREPARE)):
+    sections = {
+        "run": dict(algo="tba", env_id="Pendulum-v1", wrappers=("clip_reward",), total_steps=4096, preset="none",
+                    seed=7, algo_overrides={"gamma": 0.98}, run_dir=tmp_path / "run", run_id="cfg-run", resume=True,
+                    plot=False, tensorboard=str(tmp_path / "tb"), metrics_port=9555, log_every_s=1.5,
+                    policy_id=POLICY),
+        "actor": dict(num_actors=2, num_envs=2, fragment_steps=16, group_size=2, max_batches_per_version=3,
+                      policy_wait_s=7.0, max_backlog=9, fixed_fragments=True, actor_steps=1000, max_steps_ahead=5000,
+                      actor_lag_versions=3),
+        "learner": dict(train_batch_size=64, snapshot_store=str(tmp_path / "snaps"), snapshot_every=3,
+                        snapshot_interval_s=3600.0, snapshot_keep_timed=3, compile_update=False, device="cpu:0",
+                        breaker_open_above=100.0, breaker_close_below=10.0, breaker_policy_lag_versions=6,
+                        learners=2, grad_compression="bf16", dynamic_batch=True),
+        "replay": dict(enabled=True, capacity=512, samples_per_insert=1.5, max_reuse=3, min_size=64),
+        "deploy": dict(torch_threads=2, stream_workers=2, max_restarts=1, liveness_probes=False,
+                       claim_check_above=2 << 20, redis_url=os.environ.get("REDIS_URL", "redis://127.0.0.1:1/0"),
+                       blob_cache=str(tmp_path / "blobs")),
+    }
+    top = {"mode", "streams", "bus", "object_store", *SECTIONS}
+    assert {f.name for f in dataclasses.fields(TrainConfig)} == top, "a TrainConfig field outside its sections"
+    for cls, values in ((BusConfig, bus), (PrepareConfig, PREPARE),
+                        *((SECTIONS[name], values) for name, values in sections.items())):
         missing = {f.name for f in dataclasses.fields(cls) if not f.metadata.get("secret")} - set(values)
-        missing -= set(COLOCATED_ONLY) if cls is TrainConfig else set()
+        missing -= set(COLOCATED_ONLY)
         # (secrets never go into a config file: each process takes them from its environment)
         assert not missing, f"give {cls.__name__} fields {sorted(missing)} a non-default value here"
-    plain, algo = TrainConfig(), TrainConfig(algo="tba")  # the dataclass's defaults and the algorithm's
-    for name in train:
-        if name != "bus":
-            assert train[name] != getattr(plain, name), f"{name} is at its default"
-            assert name == "algo" or train[name] != getattr(algo, name), f"{name} is at the algorithm's default"
+    plain, algo = TrainConfig(), TrainConfig(run=RunSection(algo="tba"))  # the dataclasses' defaults and the algorithm's
+    for section, values in sections.items():
+        for name, value in values.items():
+            assert value != getattr(getattr(plain, section), name), f"{section}.{name} is at its default"
+            assert name == "algo" or value != getattr(getattr(algo, section), name), \
+                f"{section}.{name} is at the algorithm's default"
     for name, value in bus.items():  # the broker's address is the test's; CI's may be the default one
         assert name == "bootstrap" or value != getattr(BusConfig(), name), f"bus.{name} is at its default"
     for name, value in PREPARE.items():
         assert value != getattr(PrepareConfig.for_algo("tba"), name), f"streams.{name} is at the algorithm's default"
-    return TrainConfig(**train)
+    return TrainConfig(mode="decoupled", streams=PrepareConfig(**PREPARE), bus=BusConfig(**bus),
+                       **{name: SECTIONS[name](**values) for name, values in sections.items()})
 
 
 def test_every_field_reaches_the_learner_the_actors_and_the_faust_worker(tmp_path, kafka_bootstrap):
     cfg = every_field_set(tmp_path, kafka_bootstrap)
-    run_dir = cfg.run_dir
+    run_dir = cfg.run.run_dir
     stop, failure, summary = threading.Event(), [], {}
 
     def run() -> None:
@@ -107,29 +114,33 @@ def test_every_field_reaches_the_learner_the_actors_and_the_faust_worker(tmp_pat
 
     written = read_config(run_dir / CONFIG_FILE)
     # The run's file holds what was asked; the parent only turns off the children's metrics servers.
-    assert written == replace(cfg, metrics_port=-1) == child_config(cfg)
+    assert written == replace(cfg, run=replace(cfg.run, metrics_port=-1)) == child_config(cfg)
     ports = {t["labels"]["process"]: int(t["targets"][0].rpartition(":")[2])
              for t in json.loads((run_dir / "prometheus.targets.json").read_text())}
     for name in roles:
         used = read_config(run_dir / f"{name}.config.json")
-        for f in dataclasses.fields(TrainConfig):
-            if f.name == "metrics_port":  # each child its own, as the run's scrape targets list it
-                assert used.metrics_port == ports[name], name
-                continue
-            assert getattr(used, f.name) == getattr(written, f.name), f"{name}: {f.name}"
+        assert used.run.metrics_port == ports[name], name  # each child its own, as the run's scrape targets list it
+        assert replace(used, run=replace(used.run, metrics_port=-1)) == written, name
+        for section in ("mode", "streams", "bus", *SECTIONS):  # (the same, said field by field)
+            got, want = getattr(used, section), getattr(written, section)
+            if section == "run":
+                got = replace(got, metrics_port=-1)
+            assert got == want, f"{name}: {section}"
     streams = read_run_config(run_dir / "streams.config.json")
     assert streams["prepare"] == dataclasses.asdict(cfg.streams)
     assert (streams["brokers"], streams["namespace"]["name"]) == (cfg.bus.bootstrap, cfg.bus.namespace)
-    assert (streams["topic_partitions"], streams["torch_threads"]) == (cfg.bus.partitions, cfg.torch_threads)
+    assert (streams["topic_partitions"], streams["torch_threads"]) == (cfg.bus.partitions, cfg.deploy.torch_threads)
     assert streams["app_id"].startswith(cfg.bus.namespace)
 
 
 def test_the_faust_worker_gets_the_claim_check_store_and_the_host_blob_cache_from_its_environment(tmp_path):
     cfg = every_field_set(tmp_path, "127.0.0.1:1")  # the Faust worker reads these two from its environment
     env = child_env(cfg, tmp_path / CONFIG_FILE, Environment.read())
-    assert (env["REDIS_URL"], env["RLSTREAM_BLOB_CACHE"]) == (cfg.redis_url, str(tmp_path / "blobs"))
-    assert child_env(replace(cfg, blob_cache="off"), tmp_path / CONFIG_FILE, Environment.read())["RLSTREAM_BLOB_CACHE"] == "off"
-    assert replace(cfg, blob_cache=None).resolved().blob_cache == (default_cache_dir() or "off")
+    assert (env["REDIS_URL"], env["RLSTREAM_BLOB_CACHE"]) == (cfg.deploy.redis_url, str(tmp_path / "blobs"))
+    off = replace(cfg, deploy=replace(cfg.deploy, blob_cache="off"))
+    assert child_env(off, tmp_path / CONFIG_FILE, Environment.read())["RLSTREAM_BLOB_CACHE"] == "off"
+    unset = replace(cfg, deploy=replace(cfg.deploy, blob_cache=None))
+    assert unset.resolved().deploy.blob_cache == (default_cache_dir() or "off")
 
 
 def logs(run_dir: Path) -> str:
@@ -138,22 +149,26 @@ def logs(run_dir: Path) -> str:
 
 def as_flags(cfg: TrainConfig) -> list[str]:
     """``cfg`` as the command line of ``rlstream train``: the shared flags, then one generated flag
-    per field of ``TrainConfig`` and ``PrepareConfig``."""
-    argv = ["train", "--mode", cfg.mode, "--run-dir", str(cfg.run_dir), "--run-id", cfg.run_id,
+    per field of ``TrainConfig``'s sections (``--actor.num-envs``, ``--algo``) and ``PrepareConfig``."""
+    run = cfg.run
+    argv = ["train", "--mode", cfg.mode, "--run-dir", str(run.run_dir), "--run-id", run.run_id,
             "--bus", cfg.bus.kind, "--bootstrap", cfg.bus.bootstrap, "--namespace", cfg.bus.namespace,
             "--partitions", str(cfg.bus.partitions), "--learner-group", cfg.bus.learner_group,
-            "--log-dir", cfg.bus.log_dir, "--metrics-port", str(cfg.metrics_port), "--tensorboard", cfg.tensorboard,
-            "--wrappers", ",".join(cfg.wrappers)]
-    for k, v in cfg.algo_overrides.items():
+            "--log-dir", cfg.bus.log_dir, "--metrics-port", str(run.metrics_port), "--tensorboard", run.tensorboard,
+            "--wrappers", ",".join(run.wrappers)]
+    for k, v in run.algo_overrides.items():
         argv += ["--set", f"{k}={json.dumps(v)}"]
     entry = set(ENTRY_POINT_FIELDS)
-    for obj in (cfg, cfg.streams):
+    for section, obj in [*((name, getattr(cfg, name)) for name in SECTIONS), ("streams", cfg.streams)]:
         for f in dataclasses.fields(obj):
-            if f.name in entry or (obj is cfg.streams and f.name == "policy_id"):
+            if f.name in entry or (section == "streams" and f.name == "policy_id"):
                 continue
-            value, flag = getattr(obj, f.name), "--" + f.name.replace("_", "-")
+            value = getattr(obj, f.name)
+            flag = "--" + f.name.replace("_", "-") if section == "streams" else flag_of(section, f.name)
             switch = isinstance(value, bool) and f.type in ("bool", bool)  # bool | None takes a value
-            argv += [flag if value else "--no-" + flag[2:]] if switch else [flag, str(value)]
+            prefix, _, bare = flag[2:].rpartition(".")
+            off = f"--{prefix}.no-{bare}" if prefix else f"--no-{bare}"
+            argv += [flag if value else off] if switch else [flag, str(value)]
     return argv
 
 
@@ -176,6 +191,8 @@ def test_a_config_file_of_another_schema_or_with_unknown_or_missing_fields_is_re
     doc = json.loads(path.read_text())
     for change, reason in ((lambda d: d.update(schema=2), "schema 2"),
                            (lambda d: d["config"].update(num_env=3), "unknown fields \\['num_env'\\]"),
+                           (lambda d: d["config"]["actor"].update(num_env=3), "unknown fields \\['num_env'\\]"),
+                           (lambda d: d["config"]["learner"].pop("device"), "missing fields \\['device'\\]"),
                            (lambda d: d["config"]["bus"].pop("namespace"), "missing fields \\['namespace'\\]")):
         bad = json.loads(json.dumps(doc))
         change(bad)

@@ -41,9 +41,10 @@ def rlstream(args: list[str], cwd: Path, env: dict[str, str] | None = None,
 
 
 def refused(p: subprocess.CompletedProcess, cwd: Path) -> str:
-    """The one line of a refusal (exit 2, no traceback, nothing created in ``cwd``)."""
+    """The one line of a refusal (exit 2, no traceback, nothing created in ``cwd``), after the
+    deprecation lines of the flat flags it used (``config.sections.rewrite_flat_flags``)."""
     assert p.returncode == 2, (p.returncode, p.stdout[-2000:], p.stderr[-2000:])
-    lines = p.stderr.strip().splitlines()
+    lines = [ln for ln in p.stderr.strip().splitlines() if not re.match(r"warning: --\S+ is deprecated", ln)]
     assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert p.stdout == "" and not (cwd / "runs").exists() and not (cwd / "MUJOCO_LOG.TXT").exists()
     return lines[0]
@@ -52,10 +53,11 @@ def refused(p: subprocess.CompletedProcess, cwd: Path) -> str:
 @pytest.mark.parametrize("flags, says", [
     (["--total-steps", "0"], "--total-steps must be >= 1, got 0"),
     (["--total-steps", "-5", "--mode", "decoupled"], "--total-steps must be >= 1, got -5"),  # no process starts
-    (["--total-timesteps", "-1", "--num-envs", "0"], "--total-steps must be >= 1, got -1; --num-envs must be >= 1"),
-    (["--num-actors", "0"], "--num-actors must be >= 1, got 0"),
-    (["--train-batch-size", "0"], "--train-batch-size must be >= 1, got 0"),
-    (["--stream-workers", "0", "--mode", "decoupled"], "--stream-workers must be >= 1, got 0"),
+    (["--total-timesteps", "-1", "--num-envs", "0"],  # (a flat flag of before: its section's name)
+     "--total-steps must be >= 1, got -1; --actor.num-envs must be >= 1"),
+    (["--actor.num-actors", "0"], "--actor.num-actors must be >= 1, got 0"),
+    (["--learner.train-batch-size", "0"], "--learner.train-batch-size must be >= 1, got 0"),
+    (["--deploy.stream-workers", "0", "--mode", "decoupled"], "--deploy.stream-workers must be >= 1, got 0"),
     (["--algo", "nope"], "unknown algorithm 'nope'"),
 ])
 def test_nonsensical_budgets_and_sizes_are_refused_before_anything_starts(tmp_path, flags, says):
@@ -86,7 +88,7 @@ def test_an_unreachable_redis_is_refused_before_the_run_directory(tmp_path):
     assert f"start one there (redis-server --port {port})" in line and "hunter2" not in line
     line = refused(rlstream(["train", "--env", "Pendulum-v1"], tmp_path, env={"REDIS_URL": f"redis://127.0.0.1:{port}"}),
                    tmp_path)
-    assert f"no Redis answers at redis://127.0.0.1:{port} (--redis-url (or REDIS_URL))" in line
+    assert f"no Redis answers at redis://127.0.0.1:{port} (--deploy.redis-url (or REDIS_URL))" in line
 
 
 def test_a_redis_that_wants_another_password_is_refused(tmp_path):
@@ -122,12 +124,12 @@ def test_the_guides_command_lines_as_typed(tmp_path):
     env's v5 id and the CPU equivalent of its devices, in one line; the equivalents parse with the
     guide's meaning and the on-policy one trains."""
     on = refused(rlstream(shlex.split(GUIDE_ON_POLICY)[1:], tmp_path), tmp_path)
-    assert "use HalfCheetah-v5" in on and "--device cuda:0: this machine has no CUDA device" in on
-    assert equivalent(on) == shlex.split("train --env-name HalfCheetah-v5 --strategy on-policy --device cpu")
+    assert "use HalfCheetah-v5" in on and "--learner.device cuda:0: this machine has no CUDA device" in on
+    assert equivalent(on) == shlex.split("train --env-name HalfCheetah-v5 --strategy on-policy --learner.device cpu")
     off = refused(rlstream(shlex.split(GUIDE_OFF_POLICY)[1:], tmp_path), tmp_path)
-    assert "use Ant-v5" in off and "--device cuda:0,1,2,3: this machine has no CUDA device" in off
+    assert "use Ant-v5" in off and "--learner.device cuda:0,1,2,3: this machine has no CUDA device" in off
     assert equivalent(off) == shlex.split("train --env-name Ant-v5 --strategy off-policy --importance-sampling "
-                                          "--device cpu --learners 4")
+                                          "--learner.device cpu --learner.learners 4")
 
     cfg = train_config(build_parser().parse_args([*equivalent(on), "--run-dir", str(tmp_path / "on")]))
     assert (cfg.mode, cfg.algo, cfg.env_id, cfg.device) == ("colocated", "ppo", "HalfCheetah-v5", "cpu")
