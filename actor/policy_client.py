@@ -11,7 +11,7 @@ a sampler's snapshot of the previous version stays intact). A version that does 
 the loader's bounded retries) is counted and skipped: the actor keeps the version it has and
 takes the next one.
 
-``lag`` (decoupled experiments, ``TrainConfig.actor_lag_versions``): act with the newest version
+``lag`` (decoupled experiments, ``TrainConfig.actor.actor_lag_versions``): act with the newest version
 at least ``lag`` versions behind the newest received, so every fragment is K versions stale when
 it leaves the actor and the whole pipeline (staleness window, importance weights, V-trace) sees
 real staleness; until ``lag`` versions exist it acts with the first one it received.

@@ -8,7 +8,7 @@ minibatch, a new batch size after the cap was reached) runs the same step eagerl
 in ``eager_steps``. A compile that fails (no C++ compiler on the host, an op the compiler cannot
 take) is warned of once, counted in ``compile_failures``, and that step and every later one run
 eagerly: the run goes on with the same update. ``pays_to_capture`` is the "auto" rule of
-``TrainConfig.compile_update``.
+``TrainConfig.learner.compile_update``.
 """
 
 from __future__ import annotations

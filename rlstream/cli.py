@@ -52,7 +52,7 @@ def _add_training(p: argparse.ArgumentParser) -> None:
 def parse_training(a: argparse.Namespace, argv: list[str]) -> None:
     """Parse what the shared flags left of a training command's ``argv`` into ``a.train``
     (``TrainConfig``) and ``a.streams`` (``PrepareConfig``, over the algorithm's row), with flags
-    generated from the dataclasses' fields and docstrings (``--num-envs``, ``--max-versions``...)."""
+    generated from the dataclasses' fields and docstrings (``--actor.num-envs``, ``--max-versions``...)."""
     import tyro
 
     from config.algos import TRAINABLE

@@ -5,7 +5,7 @@ steps them in turn (Sample Factory's serial mode): actor fragments -> prepare ->
 update -> new PolicyVersion -> actors adopt it before their next fragment. On-policy data
 therefore stays fresh (policy lag 0 for the PPO family) and every event is still on a topic.
 
-``--overlap`` (``TrainConfig.overlap``) drives the same roles with ``runtime.roles.drive_overlapped``:
+``--actor.overlap`` (``TrainConfig.actor.overlap``) drives the same roles with ``runtime.roles.drive_overlapped``:
 the actors adopt the newest version, then collect fragment k+1 with it (version v) while the
 learner trains fragment k into v+1; the stream processor then prepares k+1, which the learner
 trains in the next round at v+1. Each actor's envs run in a child process
