@@ -338,18 +338,20 @@ def check_trained_once(ledger: Ledger) -> dict:
     return counts
 
 
-def check_acknowledged(ledger: Ledger, actor_summaries: list[dict], trained_once: bool | None = True) -> dict:
+def check_acknowledged(ledger: Ledger, actor_summaries: list[dict], trained_once: bool | None = True,
+                       since_ms: int = 0) -> dict:
     """The actors' side of the ledger, after asserting it: each actor (that exited by itself,
     with its summary) heard the bus acknowledge every batch it published, seqs 0.. without a gap,
     none failed or unsettled (``actor.actor.Acknowledgements``); the samples topic holds exactly
     those, once each; and every one of them was trained exactly once (``trained_once`` False: at
     least once, where the test itself causes retraining; None: not checked here, where the test
     accounts for batches left untrained itself). "Produced" so means what the actors were
-    acknowledged, not only what reached the topic."""
-    raw = Counter((b.actor_id, b.seq) for b in ledger.raw)
+    acknowledged, not only what reached the topic. ``since_ms``: only batches created since then
+    (a broker that also holds an earlier run's batches under the same actor ids)."""
+    raw = Counter((b.actor_id, b.seq) for b in ledger.raw if b.created_at_ms >= since_ms)
     assert all(n == 1 for n in raw.values()), f"a (actor, seq) twice in the topic: {[k for k, n in raw.items() if n > 1]}"
     trained = Counter(ledger.trained_ids)
-    seq_of = {b.batch_id: (b.actor_id, b.seq) for b in ledger.raw}
+    seq_of = {b.batch_id: (b.actor_id, b.seq) for b in ledger.raw if b.created_at_ms >= since_ms}
     trained_seqs = Counter(seq_of[b] for b in trained if b in seq_of)
     out: dict = {}
     for s in actor_summaries:
