@@ -21,12 +21,10 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-__all__ = ["CaptureStats", "CapturedStep", "signature", "pays_to_capture", "BREAK_EVEN_STEPS"]
+from config.algos import algo_defaults
 
-#: Optimizer steps after which the captured update has paid for its compile on CPU, per algorithm:
-#: compile seconds over seconds saved per step, measured by ``bench/update.py --compare`` at 2,048
-#: samples on a loaded 2-core machine (docs/benchmarks.md): PPO 35 s / 2.8 ms, AGRO 24 s / 1.0 ms.
-BREAK_EVEN_STEPS = {"ppo": 12_500, "agro": 25_000}
+__all__ = ["CaptureStats", "CapturedStep", "signature", "pays_to_capture"]
+
 #: The auto rule wants a run of this many times its break-even (the compile then costs at most half
 #: of what it saves).
 CAPTURE_MARGIN = 2
@@ -100,8 +98,9 @@ class CapturedStep:
 
 def pays_to_capture(algo: str, device: str, optimizer_steps: int, ranks: int = 1) -> bool:
     """The "auto" rule: capture a run whose optimizer steps reach ``CAPTURE_MARGIN`` times its
-    algorithm's ``BREAK_EVEN_STEPS`` (the algorithms measured to gain: PPO, AGRO), on one rank
-    (data-parallel ranks all-reduce from gradient hooks, which stay eager)."""
+    algorithm's break-even (``config.algos`` row, ``capture_break_even_steps``: set for the
+    algorithms measured to gain, PPO and AGRO), on one rank (data-parallel ranks all-reduce from
+    gradient hooks, which stay eager)."""
     del device  # the CPU's figures on CUDA too, until a GPU run measures them (bench/gpu_check.py)
-    even = BREAK_EVEN_STEPS.get(algo)
+    even = algo_defaults(algo).capture_break_even_steps
     return ranks == 1 and even is not None and optimizer_steps >= CAPTURE_MARGIN * even

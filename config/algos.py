@@ -46,6 +46,11 @@ class AlgoDefaults:
     each fragment is trained one version after the one that collected it): the algorithm fields
     that correct for that lag, set by the option; None: the algorithm has no correction for a
     lagged behaviour policy, and the option is refused."""
+    capture_break_even_steps: int | None = None
+    """Optimizer steps after which the captured update (``agents.capture``) has paid for its
+    compile on CPU: compile seconds over seconds saved per step, measured by ``bench/update.py
+    --compare`` at 2,048 samples on a loaded 2-core machine (docs/benchmarks.md). None: not
+    measured to gain, so the auto rule leaves the update eager."""
 
     def prepare(self) -> dict[str, Any]:
         """The ``PrepareConfig`` fields of this row."""
@@ -67,13 +72,15 @@ class AlgoDefaults:
 #: are; GRPO and DAPO clip around the behaviour policy with no correction for a lagged one.
 ALGO_DEFAULTS: dict[str, AlgoDefaults] = {
     "ppo": AlgoDefaults(on_policy=True, num_envs=1, group_size=0, train_batch_size=2048,
-                        max_versions=4, max_ms=60_000, overlap={"decoupled": True}),
+                        max_versions=4, max_ms=60_000, overlap={"decoupled": True},
+                        capture_break_even_steps=12_500),  # 35 s compile / 2.8 ms saved a step
     "grpo": AlgoDefaults(on_policy=True, num_envs=8, group_size=8, train_batch_size=512,
                          max_versions=1, max_ms=60_000),
     "dapo": AlgoDefaults(on_policy=True, num_envs=8, group_size=8, train_batch_size=512,
                          max_versions=1, max_ms=60_000),
     "agro": AlgoDefaults(on_policy=False, num_envs=1, group_size=0, train_batch_size=2048,
-                         max_versions=4, max_ms=120_000, staleness_mode="downweight", overlap={}),
+                         max_versions=4, max_ms=120_000, staleness_mode="downweight", overlap={},
+                         capture_break_even_steps=25_000),  # 24 s / 1.0 ms
     "tba": AlgoDefaults(on_policy=False, num_envs=1, group_size=0, train_batch_size=2048,
                         max_versions=16, max_ms=300_000, staleness_mode="downweight", min_weight=0.01,
                         overlap={}),
