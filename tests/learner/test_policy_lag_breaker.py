@@ -98,7 +98,7 @@ def test_the_bound_defaults_to_the_staleness_window_and_is_wired_in_build_learne
     cfg = TrainConfig(algo="ppo", env_id="Pendulum-v1", run_dir=tmp_path)
     assert cfg.policy_lag_bound() == cfg.prepare_config().max_versions == 4
     assert TrainConfig(algo="grpo").policy_lag_bound() == 1
-    assert TrainConfig(algo="ppo", actor_lag_versions=3).policy_lag_bound() is None  # stale on purpose
+    assert TrainConfig(mode="decoupled", algo="ppo", actor_lag_versions=3).policy_lag_bound() is None  # stale on purpose
     assert TrainConfig(algo="ppo", breaker_policy_lag_versions=0).policy_lag_bound() is None
     assert TrainConfig(algo="ppo", breaker_policy_lag_versions=9).policy_lag_bound() == 9
     with pytest.raises(ValueError):

@@ -142,9 +142,9 @@ def rlstream(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("argv", [
-    ["train", "--env", "Pendulum-v1", "--snapshot-store", "STORE"],
-    ["learner", "--env", "Pendulum-v1", "--metrics-port", "-1", "--snapshot-store", "STORE"],
-    ["actor", "--env", "Pendulum-v1", "--metrics-port", "-1", "--redis-url", "STORE"],
+    ["train", "--env", "Pendulum-v1", "--learner.snapshot-store", "STORE"],
+    ["learner", "--env", "Pendulum-v1", "--metrics-port", "-1", "--learner.snapshot-store", "STORE"],
+    ["actor", "--env", "Pendulum-v1", "--metrics-port", "-1", "--deploy.redis-url", "STORE"],
 ])
 def test_rlstream_refuses_a_wrong_redis_password_in_one_line(redis_port, tmp_path, argv):
     store = url(redis_port, WRONG)

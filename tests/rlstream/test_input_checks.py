@@ -83,8 +83,8 @@ def test_a_misspelled_or_old_env_says_what_to_use(tmp_path, env_id, says):
 def test_an_unreachable_redis_is_refused_before_the_run_directory(tmp_path):
     port = free_port()  # nothing listens there
     store = f"redis://:hunter2@127.0.0.1:{port}/0?keep_last=3"
-    line = refused(rlstream(["train", "--env", "Pendulum-v1", "--snapshot-store", store], tmp_path), tmp_path)
-    assert f"no Redis answers at redis://127.0.0.1:{port}/0 (--snapshot-store" in line and "Connection refused" in line
+    line = refused(rlstream(["train", "--env", "Pendulum-v1", "--learner.snapshot-store", store], tmp_path), tmp_path)
+    assert f"no Redis answers at redis://127.0.0.1:{port}/0 (--learner.snapshot-store" in line and "Connection refused" in line
     assert f"start one there (redis-server --port {port})" in line and "hunter2" not in line
     line = refused(rlstream(["train", "--env", "Pendulum-v1"], tmp_path, env={"REDIS_URL": f"redis://127.0.0.1:{port}"}),
                    tmp_path)
@@ -101,7 +101,7 @@ def test_a_redis_that_wants_another_password_is_refused(tmp_path):
     try:
         good = f"redis://:right@127.0.0.1:{port}/0"
         wait_for(lambda: check_redis(good, None) is None, 30, "redis-server", ignore=(SystemExit,))
-        line = refused(rlstream(["train", "--env", "Pendulum-v1", "--redis-url", f"redis://:wrong@127.0.0.1:{port}/0"],
+        line = refused(rlstream(["train", "--env", "Pendulum-v1", "--deploy.redis-url", f"redis://:wrong@127.0.0.1:{port}/0"],
                                 tmp_path), tmp_path)
         assert "refused the credentials" in line and "wrong" not in line.split("(")[0] and ":wrong@" not in line
     finally:
