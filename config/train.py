@@ -72,12 +72,12 @@ def overlap_overrides(algo: str, overrides: dict[str, Any]) -> dict[str, Any]:
     need = algo_defaults(algo).overlap
     if need is None:
         allowed = ", ".join(name for name, row in ALGO_DEFAULTS.items() if row.overlap is not None)
-        raise ValueError(f"--overlap is not allowed for {algo}: it trains each fragment one policy version "
+        raise ValueError(f"--actor.overlap is not allowed for {algo}: it trains each fragment one policy version "
                          f"after the one that collected it, and {algo} has no correction for a lagged behaviour "
-                         f"policy (allowed: {allowed}); run {algo} without --overlap")
+                         f"policy (allowed: {allowed}); run {algo} without --actor.overlap")
     for key, value in need.items():
         if key in overrides and overrides[key] != value:
-            raise ValueError(f"--overlap trains {algo} with {key}={json.dumps(value)} (its correction for the "
+            raise ValueError(f"--actor.overlap trains {algo} with {key}={json.dumps(value)} (its correction for the "
                              f"one-version lag); --set {key}={json.dumps(overrides[key])} contradicts it: drop one "
                              "of them")
     return {**overrides, **need}

@@ -59,14 +59,14 @@ def parse_devices(spec: str, learners: int | None) -> list[str]:
         devs = [spec]
     n = learners or len(devs)
     if n < 1:
-        raise ValueError(f"--learners must be at least 1, not {n}")
+        raise ValueError(f"--learner.learners must be at least 1, not {n}")
     if len(devs) == 1:
         if devs[0].startswith("cuda") and n > 1:
             raise ValueError(f"{n} learner ranks on the one device {devs[0]}: nccl needs one GPU per rank; "
-                             f"list them, e.g. --device cuda:{','.join(map(str, range(n)))}")
+                             f"list them, e.g. --learner.device cuda:{','.join(map(str, range(n)))}")
         return devs * n
     if len(devs) != n:
-        raise ValueError(f"--device lists {len(devs)} devices but --learners is {n}")
+        raise ValueError(f"--learner.device lists {len(devs)} devices but --learner.learners is {n}")
     return devs
 
 
@@ -80,7 +80,7 @@ def missing_devices(devices: list[str], cuda_count: int | None = None) -> list[s
     index = [d.partition(":")[2] or "0" for d in cuda]
     bad = [d for d, i in zip(cuda, index) if not i.isdigit()]
     if bad:
-        raise ValueError(f"--device: {', '.join(bad)} is not a device (cpu, cuda, cuda:N or cuda:0,1,...)")
+        raise ValueError(f"--learner.device: {', '.join(bad)} is not a device (cpu, cuda, cuda:N or cuda:0,1,...)")
     return [d for d, i in zip(cuda, index) if int(i) >= have]
 
 

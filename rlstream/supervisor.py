@@ -189,7 +189,7 @@ class Supervisor:
             n = self.restarts.get(name, 0) + 1
             if n > self.max_restarts:
                 raise ChildExited(name, code, self.log_path(name),
-                                  note=f"{f'({killed}) ' if killed else ''}after {n - 1} restart(s) (--max-restarts {self.max_restarts})")
+                                  note=f"{f'({killed}) ' if killed else ''}after {n - 1} restart(s) (--deploy.max-restarts {self.max_restarts})")
             delay = min(self.BACKOFF_MAX_S, self.BACKOFF_S * 2 ** (n - 1))
             self.restarts[name] = n
             self.pending[name] = now + delay

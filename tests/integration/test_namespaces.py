@@ -234,7 +234,7 @@ def test_a_dead_child_past_its_restarts_fails_the_run_naming_its_log(kafka_boots
         if p.poll() is None:
             p.kill()
     text = out.read_text()
-    assert (f"error: actor-0 exited with code -9 after 0 restart(s) (--max-restarts 0); "
+    assert (f"error: actor-0 exited with code -9 after 0 restart(s) (--deploy.max-restarts 0); "
             f"see its log {run_dir / 'actor-0.log'}") in text, text[-3000:]
 
 

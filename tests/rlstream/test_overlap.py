@@ -114,7 +114,7 @@ def test_overlap_is_deterministic(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("algo", ["grpo", "dapo"])
 def test_overlap_is_refused_for_algorithms_without_a_correction(algo):
-    with pytest.raises(ValueError, match=f"--overlap is not allowed for {algo}.*no correction.*allowed: ppo, agro, tba"):
+    with pytest.raises(ValueError, match=f"--actor.overlap is not allowed for {algo}.*no correction.*allowed: ppo, agro, tba"):
         TrainConfig(algo=algo, overlap=True)
 
 
