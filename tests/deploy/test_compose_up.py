@@ -112,9 +112,9 @@ def test_compose_up_trains_to_its_budget_through_a_learner_kill_and_a_scale_up(s
     ports = dict(zip(names, free_ports(len(names))))
     bootstrap = f"127.0.0.1:{ports['kafka']}"
     prom = f"http://127.0.0.1:{ports['prometheus']}"
-    role_args = (f"--algo ppo --env Pendulum-v1 --total-steps {LEARNER_STEPS_BUDGET} --num-actors 3 "
-                 f"--train-batch-size {FRAGMENT} --fragment-steps {FRAGMENT} --num-envs 1 --snapshot-every 3 "
-                 "--set update_epochs=1 --set num_minibatches=1 --torch-threads 1 --log-every 2")
+    role_args = (f"--algo ppo --env Pendulum-v1 --total-steps {LEARNER_STEPS_BUDGET} --actor.num-actors 3 "
+                 f"--learner.train-batch-size {FRAGMENT} --actor.fragment-steps {FRAGMENT} --actor.num-envs 1 --learner.snapshot-every 3 "
+                 "--set update_epochs=1 --set num_minibatches=1 --deploy.torch-threads 1 --log-every 2")
     env = {
         "RLSTREAM_KAFKA_PORT": str(ports["kafka"]), "RLSTREAM_KAFKA_CONTROLLER_PORT": str(ports["controller"]),
         "RLSTREAM_REDIS_PORT": str(ports["redis"]), "RLSTREAM_PROMETHEUS_PORT": str(ports["prometheus"]),
@@ -122,7 +122,7 @@ def test_compose_up_trains_to_its_budget_through_a_learner_kill_and_a_scale_up(s
         "RLSTREAM_ACTOR2_PORT": str(ports["actor2"]), "RLSTREAM_STREAMS_PORT": str(ports["streams"]),
         "RLSTREAM_LEARNER_PORT": str(ports["learner"]), "RLSTREAM_SERVE_PORT": str(ports["serve"]),
         "RLSTREAM_PROMETHEUS_CONFIG": str(prometheus_config(ports, tmp_path / "prometheus.yml")),
-        "RLSTREAM_ROLE_ARGS": role_args, "RLSTREAM_ACTOR_ARGS": f"--actor-steps {ACTOR_STEPS}",
+        "RLSTREAM_ROLE_ARGS": role_args, "RLSTREAM_ACTOR_ARGS": f"--actor.actor-steps {ACTOR_STEPS}",
         "RLSTREAM_ALGO": "ppo",
     }
     stack = stack_factory(env)

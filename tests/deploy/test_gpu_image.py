@@ -1,5 +1,5 @@
 """The GPU image (compose/Dockerfile.gpu) builds, carries CUDA torch and NVML, and its learner,
-started as docker-compose.gpu.yml and k8s/learner.yaml start it (``--device cuda``), says at once
+started as docker-compose.gpu.yml and k8s/learner.yaml start it (``--learner.device cuda``), says at once
 that no GPU is visible where none is (this machine has none), instead of a torch traceback."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def test_the_gpu_image_has_cuda_torch_and_nvml(gpu_image) -> None:
 def test_the_gpu_learner_says_no_gpu_is_visible(gpu_image) -> None:
     inspect = podman("image", "inspect", "--format", "{{json .Config.Env}}", gpu_image).stdout
     assert "NVIDIA_VISIBLE_DEVICES=all" in inspect and "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in inspect
-    res = podman("run", "--rm", "--network", "none", gpu_image, "rlstream", "learner", "--log-json", "--device",
+    res = podman("run", "--rm", "--network", "none", gpu_image, "rlstream", "learner", "--log-json", "--learner.device",
                  "cuda", "--run-dir", "/tmp/run", "--metrics-port", "-1", check=False, timeout=300)
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
     assert "--learner.device cuda, but no GPU is visible to this process" in res.stderr, res.stderr[-2000:]

@@ -5,7 +5,7 @@ podman runs Pods, Deployments (one replica), ConfigMaps and PersistentVolumeClai
 has no cluster network and no GPU, so each manifest is rendered for it first, changing only what
 a node would provide: ``hostNetwork: true`` with every port on loopback (each role's port a free
 one), the ConfigMap's addresses pointing at the test's broker and Redis with replication 1, the
-locally built image, and the learner on the CPU (no ``nvidia.com/gpu``, no ``--device cuda``,
+locally built image, and the learner on the CPU (no ``nvidia.com/gpu``, no ``--learner.device cuda``,
 as learner.yaml's header says for a CPU learner). The StatefulSet of ranks (k8s/ranks) is
 rendered into its N pods, as its controller would make them (RANK from the ordinal, MASTER_ADDR
 rank 0's address). What podman cannot run (KEDA's ScaledObjects, the HPA, Services' virtual
@@ -38,12 +38,12 @@ pytestmark = [pytest.mark.deploy, pytest.mark.timeout(1200)]
 K8S = COMPOSE / "k8s"
 CODEC = Codec()
 IMAGE = "localhost/rlstream:latest"
-RUN_ARGS = ["--algo", "ppo", "--env", "Pendulum-v1", "--train-batch-size", "64", "--fragment-steps", "32",
-            "--num-envs", "1", "--snapshot-every", "3", "--set", "update_epochs=1", "--set", "num_minibatches=1",
-            "--torch-threads", "1",
+RUN_ARGS = ["--algo", "ppo", "--env", "Pendulum-v1", "--learner.train-batch-size", "64", "--actor.fragment-steps", "32",
+            "--actor.num-envs", "1", "--learner.snapshot-every", "3", "--set", "update_epochs=1", "--set", "num_minibatches=1",
+            "--deploy.torch-threads", "1",
             # eager updates: a captured one compiles for minutes at every learner start on a small
             # CPU (test_gpu_image.py checks the images compile); the run is otherwise the same
-            "--compile-update", "False"]
+            "--learner.compile-update", "False"]
 
 
 def docs(name: str) -> list[dict[str, Any]]:
@@ -84,8 +84,8 @@ def for_this_machine(d: dict, port_of: dict[str, int], extra: list[str], total_s
         set_port(c, old, port_of[role])
         c.get("resources", {}).get("limits", {}).pop("nvidia.com/gpu", None)
         cmd = c["command"]
-        if "--device" in cmd:
-            i = cmd.index("--device")
+        if "--learner.device" in cmd:
+            i = cmd.index("--learner.device")
             del cmd[i:i + 2]
         if cmd[:2] in (["rlstream", "learner"], ["rlstream", "actor"]):
             cmd += [*RUN_ARGS, "--total-steps", str(total_steps), *extra]
@@ -308,7 +308,7 @@ def test_the_learner_ranks_run_as_two_pods(kube, broker_and_redis):
         (c,) = spec["containers"]
         c["image"] = IMAGE
         c["resources"]["limits"].pop("nvidia.com/gpu")
-        i = c["command"].index("--device")
+        i = c["command"].index("--learner.device")
         c["command"][i + 1] = "cpu"
         c["command"] += [*RUN_ARGS, "--total-steps", str(budget), *parts]
         env_list(c, "RANK", str(rank))  # the fieldRef on the pod-index label, resolved

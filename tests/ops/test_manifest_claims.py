@@ -1,6 +1,6 @@
 """What compose/ and compose/k8s/ claim, checked against each other and the code (issue 24, part 3):
 the learner resumes from state that outlives its container; a GPU is requested only with the GPU
-image and ``--device cuda``; the Prometheus the KEDA trigger queries is deployed and scrapes every
+image and ``--learner.device cuda``; the Prometheus the KEDA trigger queries is deployed and scrapes every
 role; the deployment guide's labels and consumer group exist; the learner tolerates preemption;
 every artefact has a documented lifecycle and run directories are pruned; every role that talks to
 Kafka creates its topics at the replication the ConfigMap sets (issue 24, part 1); an s3://
@@ -95,14 +95,14 @@ def test_the_image_makes_the_data_directory_writable() -> None:
         assert "USER 10001" in text
 
 
-# -- a GPU is requested only with the GPU image and --device cuda ---------------------------------
+# -- a GPU is requested only with the GPU image and --learner.device cuda ---------------------------------
 
 def test_a_gpu_container_runs_the_gpu_image_with_device_cuda(docs) -> None:
     gpu_roles = []
     for role, dep in deployments(docs).items():
         c = container(dep)
         wants_gpu = "nvidia.com/gpu" in c.get("resources", {}).get("limits", {})
-        device = flag(c["command"], "--device") or "cpu"
+        device = flag(c["command"], "--learner.device") or "cpu"
         if wants_gpu:
             gpu_roles.append(role)
             assert device.startswith("cuda"), f"{role} reserves a GPU but runs on {device}"
@@ -118,7 +118,7 @@ def test_the_compose_gpu_overlay_and_the_gpu_image(gpu_overlay) -> None:
     learner = gpu_overlay["services"]["learner"]
     (device,) = learner["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and "gpu" in device["capabilities"] and device["count"] == 1
-    assert flag(learner["command"], "--device") == "cuda"
+    assert flag(learner["command"], "--learner.device") == "cuda"
     assert learner["build"]["dockerfile"] == "compose/Dockerfile.gpu"
     assert learner["image"].split(":")[0] == "rlstream-gpu"
     text = (COMPOSE / "Dockerfile.gpu").read_text()
@@ -327,3 +327,20 @@ def test_the_rollback_job_runs_rollback_and_is_never_applied_by_the_kustomizatio
     assert ns.command == "rollback" and ns.to_version == 0
     kust = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     assert not any("rollback" in r or r.startswith("jobs") for r in kust["resources"])
+
+
+# -- the manifests use the current flags: no deprecated flat spelling -------------------------------
+
+def test_manifests_and_compose_files_use_no_deprecated_flat_flag() -> None:
+    """A flat flag (``--device``) still works for one release but warns in every pod's log and
+    goes in the next: the shipped manifests, compose files and Dockerfiles use the section flags."""
+    from config.sections import OLD_FLAGS
+
+    token = re.compile(r"(?<![\w.-])(--[a-z][\w-]*)(?![\w-])")
+    compose = Path(__file__).resolve().parents[2] / "compose"
+    files = [p for p in compose.rglob("*") if p.is_file() and (p.suffix in (".yml", ".yaml", ".sh")
+                                                                 or p.name.startswith("Dockerfile"))]
+    assert len(files) >= 8, files
+    found = {(p.relative_to(compose).as_posix(), f) for p in files for f in token.findall(p.read_text())
+             if f in OLD_FLAGS}
+    assert not found, sorted(found)

@@ -8,7 +8,7 @@ on these machines, so this is the closest honest check that the manifests start 
 What is changed, and only that, is what a container has and a process here does not:
 service host names become the local broker and Redis (on free ports), a volume's mount path
 becomes a directory under tmp, each metrics port a free port (roles share this host),
-``--device cuda`` becomes ``cpu`` when torch sees no GPU, and the ConfigMap's
+``--learner.device cuda`` becomes ``cpu`` when torch sees no GPU, and the ConfigMap's
 ``RLSTREAM_REPLICATION_FACTOR`` "3" and ``RLSTREAM_MIN_INSYNC_REPLICAS`` "2" become "1": the roles
 run against a single local broker here, where a factor of 3 is refused by design
 (``ReplicationError``; ``tests/ops/test_manifest_claims.py`` checks that every Kafka role gets 3 and 2,
@@ -105,8 +105,8 @@ def run_containers(containers, tmp: Path, local: dict[str, str], while_running=l
                 here = tmp / "volumes" / volume
                 here.mkdir(parents=True, exist_ok=True)
                 argv = [str(here) + a[len(mount):] if a == mount or a.startswith(mount + "/") else a for a in argv]
-            if "--device" in argv and argv[argv.index("--device") + 1].startswith("cuda") and not cuda():
-                argv[argv.index("--device") + 1] = "cpu"
+            if "--learner.device" in argv and argv[argv.index("--learner.device") + 1].startswith("cuda") and not cuda():
+                argv[argv.index("--learner.device") + 1] = "cpu"
             home = tmp / "home" / name
             home.mkdir(parents=True)
             proc_env = {"PATH": f"{VENV_BIN}:/usr/bin:/bin", "HOME": str(home), "PYTHONPATH": str(ROOT),
