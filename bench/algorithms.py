@@ -20,16 +20,36 @@ Stable-Baselines3's PPO on the same machine with CleanRL's / our PPO settings (2
 epochs x 32 minibatches of 64, lr 3e-4 annealed, GAE 0.95, clip 0.2, tanh 64x64, observation and
 reward normalisation), evaluated by the same code on the same seeds.
 
+Every row states the mode it ran in. ``--decoupled NAMES`` also runs those rows the production
+way, ``run_decoupled`` (what ``rlstream train --mode decoupled --algo X`` runs: learner, one Faust
+stream worker and one actor as processes over Kafka), against a broker the bench starts on a free
+port (or ``--bootstrap``); there the data reaches the learner stale by the queue's own lag, which
+the co-located rows never see (TBA's staleness weights are all 1 co-located, so its row equals
+AGRO's). V-trace is not a loss of its own here but the correction inside AGRO, TBA and decoupled
+PPO; the ``vtrace`` row gives it work at its defaults: AGRO with the learner's sample cache
+(``--replay.enabled``, at its defaults), so part of what the learner trains (a quarter, on
+HalfCheetah) is fragments trained before, older than the policy, restated with V-trace's weights
+(``vtrace_replay_weights``). It runs decoupled only: co-located, AGRO's 2,048-step fragments do not
+fit the default cache of 1,000 transitions.
+
+Each run's result is kept in ``--out`` (``<row>-<mode>-seed<S>.json``) and is not run again, so a
+table can be built in several invocations.
+
     python bench/algorithms.py --env InvertedPendulum-v5 --steps 50000 --seeds 0 1 2
     python bench/algorithms.py --env HalfCheetah-v5 --steps 1000000 --seeds 0 1 2 --sb3
+    python bench/algorithms.py --env HalfCheetah-v5 --steps 200000 --no-dpo --decoupled agro,tba,vtrace
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import time
+import uuid
+import warnings
 from pathlib import Path
 
 import gymnasium as gym
@@ -38,7 +58,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.common
 
-from bench.common import binned_mean, host_info, mean_std, pyplot, save_figure, timed  # noqa: E402
+from bench.common import (binned_mean, host_info, mean_std, private_broker, pyplot, save_figure, timed,  # noqa: E402
+                          write_json)
 from rlstream.colocated import run_colocated  # noqa: E402
 from config import BusConfig, TrainConfig  # noqa: E402
 from streams.policies import load_policy, policy_from_arch  # noqa: E402
@@ -49,6 +70,7 @@ from streams.bus import make_bus  # noqa: E402
 from streams.events import EventBus  # noqa: E402
 from schemas.codec import Codec  # noqa: E402
 from streams.topics import POLICY_VERSIONS  # noqa: E402
+from config.algos import ALGO_DEFAULTS  # noqa: E402
 
 # row name -> (algo, TrainConfig overrides, algorithm overrides)
 CASES = {
@@ -58,7 +80,13 @@ CASES = {
     "agro": ("agro", {}, {}),
     "tba": ("tba", {}, {}),
     "tba-tb": ("tba", {"num_envs": 8, "group_size": 8, "train_batch_size": 512}, {"objective": "tb"}),
+    "vtrace": ("agro", {"replay": True}, {}),
 }
+#: rows that cannot run co-located at their defaults (``vtrace``: a 2,048-step fragment is larger
+#: than the default sample cache of 1,000 transitions; decoupled actors send 32..256-step fragments)
+DECOUPLED_ONLY = ("vtrace",)
+LABELS = {"tba-tb": "tba (objective=tb)", "vtrace": "v-trace (agro + replayed samples)"}
+MODES = {"colocated": "co-located (memory bus)", "decoupled": "decoupled (Kafka, Faust worker, 1 actor)"}
 EVAL_SEED = 10_000
 
 
@@ -100,24 +128,82 @@ def policy_versions(log_dir: Path) -> dict[int, PolicyVersion]:
         bus.close()
 
 
+def load_avg() -> list[float]:
+    """The machine's 1, 5 and 15-minute load averages (the runs share the cores)."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def train_one(name: str, env_id: str, steps: int, seed: int, out: Path, episodes: int, preset: str = "auto") -> dict:
     algo, run, overrides = CASES[name]
     run_dir = out / f"{name}-seed{seed}"
     cfg = TrainConfig(algo=algo, env_id=env_id, total_steps=steps, seed=seed, run_dir=run_dir, log_every_s=1e9,
                       snapshot_every=0, metrics_port=-1, algo_overrides=overrides, preset=preset,
                       bus=BusConfig(log_dir=str(run_dir / "log")), **run)
+    load0 = load_avg()
     summary, wall = timed(run_colocated, cfg)
     returns = json.loads((run_dir / "curve.json").read_text())["returns"]
     versions = policy_versions(run_dir / "log")
     final = versions[max(versions)]
     ev = evaluate(load_policy(final), env_id, episodes)
-    return {"name": name, "algo": algo, "seed": seed, "steps": summary["steps"], "updates": summary["updates"],
+    return {"name": name, "algo": algo, "mode": "colocated", "seed": seed, "steps": summary["steps"],
+            "updates": summary["updates"], "preset": cfg.preset_name(),
             "episodes": len(returns), "train_first20": float(np.mean(returns[:20])),
             "train_last20": float(np.mean(returns[-20:])), "eval": float(np.mean(ev)),
             "wall_s": round(wall, 1), "sps": round(summary["steps"] / wall, 1),
             "run": {"num_envs": cfg.num_envs, "group_size": cfg.group_size,
                     "fragment_steps": cfg.effective_fragment_steps(), "train_batch_size": cfg.train_batch_size},
-            "log_dir": str(run_dir / "log")}
+            "lag_versions": (summary.get("streams") or {}).get("lag_versions"),
+            "load_avg": {"start": load0, "end": load_avg()},
+            "curve_file": str(run_dir / "curve.json"), "log_dir": str(run_dir / "log")}
+
+
+def newest_kafka_version(cfg: TrainConfig) -> PolicyVersion:
+    """The newest PolicyVersion of ``cfg``'s policy on its Kafka namespace (a decoupled run's final policy)."""
+    from rlstream import wiring
+    from streams.policy.tail import newest_version
+
+    bus = wiring.build_bus(cfg.bus)
+    try:
+        return newest_version(wiring.build_events(bus), cfg.policy_id)
+    finally:
+        bus.close()
+
+
+def train_decoupled(name: str, env_id: str, steps: int, seed: int, out: Path, episodes: int, bootstrap: str,
+                    preset: str = "auto") -> dict:
+    """One ``rlstream train --mode decoupled --algo X`` run of row ``name`` (module doc)."""
+    from rlstream.decoupled import run_decoupled
+
+    algo, run, overrides = CASES[name]
+    run_dir = out / f"{name}-decoupled-seed{seed}"
+    cfg = TrainConfig(mode="decoupled", algo=algo, env_id=env_id, total_steps=steps, seed=seed, run_dir=run_dir,
+                      log_every_s=15.0, snapshot_every=0, metrics_port=-1, plot=False, algo_overrides=overrides,
+                      preset=preset, bus=BusConfig(kind="kafka", bootstrap=bootstrap,
+                                                   namespace=f"algos-{name}-{seed}-{uuid.uuid4().hex[:6]}"), **run)
+    load0 = load_avg()
+    summary, wall = timed(run_decoupled, cfg)
+    procs = summary["processes"]
+    learner, streams, actor = procs.get("learner", {}), procs.get("streams", {}), procs.get("actor-0", {})
+    curve_file = run_dir / "actor-0" / "curve.json"
+    returns = json.loads(curve_file.read_text())["returns"]
+    final = newest_kafka_version(cfg)
+    ev = evaluate(load_policy(final), env_id, episodes)
+    flow = actor.get("flow") or {}
+    return {"name": name, "algo": algo, "mode": "decoupled", "seed": seed, "steps": int(actor.get("steps") or 0),
+            "updates": learner.get("updates"), "samples_trained": learner.get("samples_trained"),
+            "preset": cfg.preset_name(), "final_version": final.version,
+            "episodes": len(returns), "train_first20": float(np.mean(returns[:20])),
+            "train_last20": float(np.mean(returns[-20:])), "eval": float(np.mean(ev)),
+            "wall_s": round(wall, 1), "sps": round(int(actor.get("steps") or 0) / wall, 1),
+            "run": {"num_envs": cfg.num_envs, "group_size": cfg.group_size,
+                    "fragment_steps": flow.get("fragment_steps") or cfg.effective_fragment_steps(),
+                    "dynamic_fragments": (not ALGO_DEFAULTS[algo].on_policy
+                                          and not getattr(cfg, "fixed_fragments", False)),
+                    "train_batch_size": cfg.train_batch_size, "replay": cfg.replay_settings()},
+            "lag_versions": streams.get("lag_versions"), "freshness": streams.get("freshness"),
+            "drops": streams.get("drops"), "replay": learner.get("replay"), "ended": summary.get("ended"),
+            "restarts": summary.get("restarts"), "load_avg": {"start": load0, "end": load_avg()},
+            "curve_file": str(curve_file)}
 
 
 class _SB3Policy:
@@ -172,24 +258,51 @@ def dpo_one(ppo: dict, env_id: str, episodes: int, beta: float, epochs: int, seg
             "wall_s": round(wall, 1)}
 
 
+def mode_of(run: dict) -> str:
+    """A run's mode (results recorded before the column existed ran co-located)."""
+    return run.get("mode", "colocated")
+
+
+def row_key(run: dict) -> tuple[str, str]:
+    return run["name"], mode_of(run)
+
+
+def label(name: str, mode: str, preset: str | None = None) -> str:
+    preset = f" ({preset})" if preset else ""
+    return f"{LABELS.get(name, name)}{preset}, {'decoupled' if mode == 'decoupled' else 'co-located'}"
+
+
 def table(runs: list[dict], dpos: list[dict]) -> tuple[list[dict], str]:
     rows = []
-    for name in dict.fromkeys(r["name"] for r in runs):
-        rs = [r for r in runs if r["name"] == name]
-        rows.append({"name": name, "seeds": [r["seed"] for r in rs], "run": rs[0]["run"],
+    for key in dict.fromkeys(row_key(r) for r in runs):
+        rs = [r for r in runs if row_key(r) == key]
+        lags = [r.get("lag_versions") or {} for r in rs]
+        rows.append({"name": key[0], "mode": key[1], "mode_text": MODES.get(key[1], key[1]),
+                     "preset": rs[0].get("preset"), "seeds": [r["seed"] for r in rs], "run": rs[0]["run"],
                      "train_last20": mean_std([r["train_last20"] for r in rs]), "eval": mean_std([r["eval"] for r in rs]),
+                     "eval_per_seed": [round(r["eval"], 1) for r in rs],
                      "updates": mean_std([r["updates"] for r in rs]), "wall_s": mean_std([r["wall_s"] for r in rs]),
-                     "sps": mean_std([r["sps"] for r in rs])})
-    ppo_eval = next((r["eval"]["mean"] for r in rows if r["name"] == "ppo"), None)
-    lines = ["| algorithm | envs x group, fragment, batch | train return (last 20) | eval return | vs PPO eval "
-             "| updates | wall s | SPS |", "|---|---|---|---|---|---|---|---|"]
+                     "sps": mean_std([r["sps"] for r in rs]),
+                     "lag_mean": mean_std([x.get("mean") for x in lags]),
+                     "lag_max": max((x.get("max") or 0 for x in lags), default=0)})
+    ppo_eval = next((r["eval"]["mean"] for r in rows if (r["name"], r["mode"]) == ("ppo", "colocated")), None)
+    lines = ["| algorithm | mode | envs x group, fragment, batch | train return (last 20) | eval return "
+             "| eval per seed | vs PPO eval | updates | policy lag (mean / max) | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         run = r["run"]
-        shape = f"{run['num_envs']} x {run['group_size'] or '-'}, {run['fragment_steps']}, {run['train_batch_size']}"
-        rel = f"{r['eval']['mean'] / ppo_eval:.2f}" if ppo_eval else "-"
-        lines.append(f"| {r['name']} | {shape} | {r['train_last20']['mean']:.1f} ± {r['train_last20']['std']:.1f} "
-                     f"| {r['eval']['mean']:.1f} ± {r['eval']['std']:.1f} | {rel} | {r['updates']['mean']:.0f} "
-                     f"| {r['wall_s']['mean']:.1f} | {r['sps']['mean']:.0f} |")
+        frag = f"{run['fragment_steps']}" if not run.get("dynamic_fragments") else "32..256"
+        shape = f"{run['num_envs']} x {run['group_size'] or '-'}, {frag}, {run['train_batch_size']}"
+        if run.get("replay"):
+            shape += f" (+replay x{run['replay']['samples_per_insert']:g})"
+        rel = f"{round(r['eval']['mean'] / ppo_eval, 2) + 0.0:.2f}" if ppo_eval else "-"
+        name = LABELS.get(r["name"], r["name"]) + (f" ({r['preset']})" if r.get("preset") else "")
+        lag = f"{r['lag_mean']['mean']:.1f} / {r['lag_max']:g}" if r["lag_mean"] else "-"
+        lines.append(f"| {name} | {r['mode_text']} | {shape} "
+                     f"| {r['train_last20']['mean']:.1f} ± {r['train_last20']['std']:.1f} "
+                     f"| {r['eval']['mean']:.1f} ± {r['eval']['std']:.1f} "
+                     f"| {', '.join(f'{x:.0f}' for x in r['eval_per_seed'])} | {rel} | {r['updates']['mean']:.0f} "
+                     f"| {lag} | {r['wall_s']['mean']:.1f} |")
     if dpos:
         d = {"name": "dpo (replay of the ppo runs)", "seeds": [x["seed"] for x in dpos],
              "eval": mean_std([x["eval"] for x in dpos]), "eval_reference": mean_std([x["eval_reference"] for x in dpos]),
@@ -200,36 +313,89 @@ def table(runs: list[dict], dpos: list[dict]) -> tuple[list[dict], str]:
         ref = d["eval_reference"]
         refs = ", ".join(f"v{v}" for v in d["reference_version"])
         rel = f"x{d['eval']['mean'] / ref['mean']:.2f} of its reference" if ref.get("mean") else "-"
-        lines.append(f"| dpo (offline, replayed ppo samples) | {d['pairs']['mean']:.0f} pairs | - "
+        lines.append(f"| dpo (offline, replayed ppo samples) | offline | {d['pairs']['mean']:.0f} pairs | - "
                      f"| {d['eval']['mean']:.1f} ± {d['eval']['std']:.1f} (reference {refs}: "
-                     f"{ref.get('mean', float('nan')):.1f} ± {ref.get('std', float('nan')):.1f}) | {rel} | - "
-                     f"| {d['wall_s']['mean']:.1f} | - |")
+                     f"{ref.get('mean', float('nan')):.1f} ± {ref.get('std', float('nan')):.1f}) | - | {rel} | - | - "
+                     f"| {d['wall_s']['mean']:.1f} |")
     return rows, "\n".join(lines)
 
 
+def curve_path(run: dict, out_dir: Path) -> Path:
+    """A run's curve.json: where it was written, else beside a moved result (``--render``)."""
+    if run.get("curve_file") and Path(run["curve_file"]).exists():
+        return Path(run["curve_file"])
+    if mode_of(run) == "decoupled":
+        return out_dir / f"{run['name']}-decoupled-seed{run['seed']}" / "actor-0" / "curve.json"
+    return out_dir / f"{run['name']}-seed{run['seed']}" / "curve.json"
+
+
+CURVE_BINS = 20
+
+
+def binned_curve(curve: dict, steps_per_run: int) -> list[float | None]:
+    """A run's training return in ``CURVE_BINS`` equal bins of env steps: the mean return of the
+    episodes that ended in each (the last bin takes a run's overshoot); None where none did."""
+    edges = np.linspace(0, steps_per_run, CURVE_BINS + 1)
+    bins = np.concatenate(([-np.inf], edges[1:-1], [np.inf]))
+    b = binned_mean(np.asarray(curve["steps"], float), np.asarray(curve["returns"], float), bins)
+    return [None if np.isnan(x) else round(float(x), 1) for x in b]
+
+
+def with_curve(run: dict, out_dir: Path, steps_per_run: int) -> dict:
+    """``run`` with its binned training curve (``binned_curve``) from its curve.json, so that the
+    result file alone redraws the plot (``--render``)."""
+    f = curve_path(run, out_dir)
+    if "curve_binned" in run or not f.exists():
+        return run
+    return {**run, "curve_binned": binned_curve(json.loads(f.read_text()), steps_per_run)}
+
+
 def plot(doc: dict, out_dir: Path, path: Path) -> None:
-    """Left: each algorithm's training return against env steps (mean over seeds, 20 bins, from
-    the runs' curve.json); right: the eval return of every row, mean and std over seeds."""
-    fig, (ax, bx) = pyplot().subplots(1, 2, figsize=(12, 4.5))
-    edges = np.linspace(0, doc["steps_per_run"], 21)
-    bins = np.concatenate(([-np.inf], edges[1:-1], [np.inf]))  # the last bin takes a run's overshoot
-    for name in dict.fromkeys(r["name"] for r in doc["runs"]):
-        curves = []
-        for r in (r for r in doc["runs"] if r["name"] == name):
-            f = out_dir / f"{name}-seed{r['seed']}" / "curve.json"
-            if not f.exists():
-                continue
-            c = json.loads(f.read_text())
-            curves.append(binned_mean(np.asarray(c["steps"], float), np.asarray(c["returns"], float), bins))
+    """Left: each row's training return against env steps (mean over seeds of the runs' binned
+    curves; decoupled rows dashed); right: the eval return of every row, mean and std over seeds."""
+    fig, (ax, bx) = pyplot().subplots(1, 2, figsize=(13, 5))
+    edges = np.linspace(0, doc["steps_per_run"], CURVE_BINS + 1)
+    colours = {}
+    for key in dict.fromkeys(row_key(r) for r in doc["runs"]):
+        curves, preset = [], None
+        for r in (r for r in doc["runs"] if row_key(r) == key):
+            preset = r.get("preset")
+            r = with_curve(r, out_dir, doc["steps_per_run"])
+            if "curve_binned" in r:
+                curves.append([np.nan if x is None else x for x in r["curve_binned"]])
         if curves:
-            ax.plot(edges[1:], np.nanmean(np.asarray(curves), 0), label=name)
+            colour = colours.setdefault(key[0], f"C{len(colours) % 10}")
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a bin no seed has an episode end in
+                y = np.nanmean(np.asarray(curves, float), 0)
+            seen = np.isfinite(y)  # co-located runs stamp episodes per fragment: join the bins that have some
+            ax.plot(edges[1:][seen], y[seen], color=colour,
+                    ls="--" if key[1] == "decoupled" else "-", label=label(*key, preset))
     ax.set(xlabel="env steps", ylabel="training return (mean over seeds)", title=doc["env"])
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     rows = [r for r in doc["rows"] if r.get("eval", {}).get("mean") is not None]
-    bx.bar([r["name"] for r in rows], [r["eval"]["mean"] for r in rows], yerr=[r["eval"]["std"] for r in rows])
-    bx.set(ylabel="eval return (mean action)", title=f"after {doc['steps_per_run']:,} steps, seeds {doc['seeds']}")
-    bx.tick_params(axis="x", rotation=30)
+    names = [label(r["name"], r["mode"], r.get("preset")) if "mode" in r else r["name"] for r in rows]
+    bx.bar(names, [r["eval"]["mean"] for r in rows], yerr=[r["eval"]["std"] for r in rows],
+           color=[colours.get(r["name"], "grey") for r in rows])
+    for bar, r in zip(bx.patches, rows):
+        if r.get("mode") == "decoupled":
+            bar.set_hatch("//")
+    bx.axhline(0, color="k", lw=0.5)
+    bx.set(ylabel="eval return (mean action; hatched: decoupled)",
+           title=f"after {doc['steps_per_run']:,} steps, seeds {doc['seeds']}")
+    bx.tick_params(axis="x", rotation=45, labelsize=7)
+    for t in bx.get_xticklabels():
+        t.set_horizontalalignment("right")
     save_figure(fig, path, dpi=90)
+
+
+def cached(path: Path, make) -> dict:
+    """The run saved at ``path``, else ``make()``'s, saved there."""
+    if path.exists():
+        return json.loads(path.read_text())
+    r = make()
+    write_json(path, r)
+    return r
 
 
 def main() -> None:
@@ -237,7 +403,10 @@ def main() -> None:
     ap.add_argument("--env", default="InvertedPendulum-v5")
     ap.add_argument("--steps", type=int, default=50_000, help="env steps per run")
     ap.add_argument("--seeds", nargs="+", default=["0", "1", "2"], help="e.g. 0 1 2 (or 0,1,2)")
-    ap.add_argument("--algos", default=",".join(CASES), help=f"comma-separated, of {sorted(CASES)}")
+    ap.add_argument("--algos", default=",".join(n for n in CASES if n not in DECOUPLED_ONLY),
+                    help=f"co-located rows, comma-separated, of {sorted(set(CASES) - set(DECOUPLED_ONLY))}")
+    ap.add_argument("--decoupled", default="", help=f"rows also run decoupled over Kafka, of {sorted(CASES)}")
+    ap.add_argument("--bootstrap", default=None, help="a broker for --decoupled (default: one started for the bench)")
     ap.add_argument("--eval-episodes", type=int, default=10)
     ap.add_argument("--no-dpo", action="store_true", help="skip DPO on the PPO runs' samples")
     ap.add_argument("--sb3", action="store_true", help="add the Stable-Baselines3 PPO peer row (bench extra)")
@@ -248,49 +417,80 @@ def main() -> None:
                          "alive, so segments only differ in return when the pole falls inside one: "
                          "at 32, few pairs survive the tie filter)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--note", default="", help="kept in the result (e.g. the commit it ran at)")
     ap.add_argument("--out", type=Path, default=None, help="default: runs/bench-algorithms/<time>")
     ap.add_argument("--render", type=Path, default=None, help="only print the table of a saved algorithms.json")
     args = ap.parse_args()
     if args.render is not None:
         saved = json.loads(args.render.read_text())
-        print(table(saved["runs"], saved["dpo"])[1])
-        plot(saved, args.render.parent, args.render.with_suffix(".png"))
+        rows, md = table(saved["runs"], saved["dpo"])
+        print(md)
+        plot({**saved, "rows": rows}, args.render.parent, args.render.with_suffix(".png"))
         return
     torch.set_num_threads(args.threads)
-    out = args.out or Path("runs/bench-algorithms") / time.strftime("%Y%m%d-%H%M%S")
+    out = (args.out or Path("runs/bench-algorithms") / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    out.mkdir(parents=True, exist_ok=True)
     seeds = [int(x) for s in args.seeds for x in s.split(",") if x]
     names = [n for n in args.algos.split(",") if n]
+    decoupled = [n for n in args.decoupled.split(",") if n]
+    for n in names + decoupled:
+        if n not in CASES:
+            ap.error(f"unknown row {n!r}; rows: {sorted(CASES)}")
+    if bad := [n for n in names if n in DECOUPLED_ONLY]:
+        ap.error(f"{bad} run decoupled only (--decoupled)")
     if "ppo" not in names:
         names.insert(0, "ppo")
     t0 = time.perf_counter()
+    load0 = load_avg()
     runs, dpos = [], []
     for name in names:
         for seed in seeds:
-            r = train_one(name, args.env, args.steps, seed, out, args.eval_episodes)
+            r = cached(out / f"{name}-colocated-seed{seed}.json",
+                       lambda: train_one(name, args.env, args.steps, seed, out, args.eval_episodes))
             runs.append(r)
             print(json.dumps({"run": r}), flush=True)
+    if decoupled:
+        missing = any(not (out / f"{n}-decoupled-seed{s}.json").exists() for n in decoupled for s in seeds)
+        broker = private_broker() if args.bootstrap is None and missing else contextlib.nullcontext(args.bootstrap)
+        with broker as bootstrap:
+            for name in decoupled:
+                for seed in seeds:
+                    r = cached(out / f"{name}-decoupled-seed{seed}.json",
+                               lambda: train_decoupled(name, args.env, args.steps, seed, out, args.eval_episodes,
+                                                       bootstrap))
+                    runs.append(r)
+                    print(json.dumps({"run": r}), flush=True)
     if args.sb3:
         for seed in seeds:
-            r = sb3_one(args.env, args.steps, seed, args.eval_episodes)
+            r = cached(out / f"sb3-ppo-colocated-seed{seed}.json",
+                       lambda: {**sb3_one(args.env, args.steps, seed, args.eval_episodes), "mode": "colocated"})
             runs.append(r)
             print(json.dumps({"run": r}), flush=True)
     if not args.no_dpo:
         for r in runs:
-            if r["name"] == "ppo":
+            if (r["name"], mode_of(r)) == ("ppo", "colocated"):
                 d = dpo_one(r, args.env, args.eval_episodes, args.dpo_beta, args.dpo_epochs, args.dpo_segment)
                 dpos.append(d)
                 print(json.dumps({"dpo": d}), flush=True)
+    runs = [with_curve(r, out, args.steps) for r in runs]
     rows, md = table(runs, dpos)
+    loads = [x for r in runs for x in (r.get("load_avg") or {}).values()]
     doc = {"bench": "algorithms", "env": args.env, "steps_per_run": args.steps, "seeds": seeds,
            "eval_episodes": args.eval_episodes, "eval": "mean action, episodes seeded 10000 + i",
+           "modes": {m: MODES[m] for m in dict.fromkeys(mode_of(r) for r in runs)},
            "dpo_settings": {"segment": args.dpo_segment, "beta": args.dpo_beta, "epochs": args.dpo_epochs},
            "host": host_info(threads=args.threads),
+           "load_avg": {"runs_1m": {"min": min((x[0] for x in loads), default=None),
+                                    "max": max((x[0] for x in loads), default=None),
+                                    "mean": round(float(np.mean([x[0] for x in loads])), 2) if loads else None},
+                        "this_invocation": {"start": load0, "end": load_avg()},
+                        "per_run": "runs[i].load_avg: the 1, 5 and 15-minute load at its start and end"},
+           "note": args.note, "runs_wall_s_sum": round(sum(r["wall_s"] for r in runs), 1),
            "total_wall_s": round(time.perf_counter() - t0, 1), "rows": rows, "runs": runs, "dpo": dpos}
-    out.mkdir(parents=True, exist_ok=True)
     (out / "algorithms.json").write_text(json.dumps(doc, indent=2))
     (out / "algorithms.md").write_text(md + "\n")
     plot(doc, out, out / "algorithms.png")
-    print(json.dumps(doc, indent=2))
+    print(json.dumps({k: v for k, v in doc.items() if k != "runs"}, indent=2))  # each run was printed above
     print(md)
 
 

@@ -32,6 +32,30 @@ def test_algorithms_bench_with_the_sb3_peer(tmp_path):
                    cwd=ROOT, check=True, timeout=1200)
     rows = {r["name"]: r for r in json.loads((tmp_path / "algorithms.json").read_text())["rows"]}
     assert set(rows) == {"ppo", "sb3-ppo"} and rows["sb3-ppo"]["eval"]["mean"] > 0
+    assert rows["ppo"]["mode"] == rows["sb3-ppo"]["mode"] == "colocated"
+
+
+@pytest.mark.kafka
+def test_algorithms_bench_runs_rows_decoupled_and_says_which_mode(tmp_path, kafka_bootstrap):
+    cmd = [sys.executable, "bench/algorithms.py", "--env", "InvertedPendulum-v5", "--steps", "2048", "--seeds", "0",
+           "--algos", "ppo", "--decoupled", "tba,vtrace", "--no-dpo", "--eval-episodes", "1",
+           "--bootstrap", kafka_bootstrap, "--out", str(tmp_path)]
+    subprocess.run(cmd, cwd=ROOT, check=True, timeout=1200)
+    doc = json.loads((tmp_path / "algorithms.json").read_text())
+    rows = {(r["name"], r["mode"]): r for r in doc["rows"]}
+    assert set(rows) == {("ppo", "colocated"), ("tba", "decoupled"), ("vtrace", "decoupled")}
+    runs = {(r["name"], r["mode"]): r for r in doc["runs"]}
+    for r in runs.values():
+        assert r["steps"] >= 2048 and r["updates"] >= 1 and len(r["load_avg"]["start"]) == 3, r
+    vtrace = runs[("vtrace", "decoupled")]  # AGRO with the learner's sample cache at its defaults
+    assert vtrace["algo"] == "agro" and vtrace["run"]["replay"]["capacity"] == 1000
+    assert vtrace["replay"]["inserted"] >= 2048 and vtrace["ended"] == "learner_done"
+    md = (tmp_path / "algorithms.md").read_text()
+    assert "| co-located (memory bus) |" in md and md.count("| decoupled (Kafka, Faust worker, 1 actor) |") == 2
+    assert (tmp_path / "algorithms.png").stat().st_size > 0
+    # a second invocation finds the saved runs and trains nothing again
+    subprocess.run(cmd, cwd=ROOT, check=True, timeout=600)
+    assert json.loads((tmp_path / "algorithms.json").read_text())["runs"] == doc["runs"]
 
 
 @pytest.mark.kafka
