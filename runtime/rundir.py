@@ -185,36 +185,55 @@ class RunDir:
         One holding only a run's file names (a role's log, redirected there before it started) is
         taken."""
         info = self.info()
-        if info is not None:
-            same = info.run_id == run_id or (adopt and info.mode == mode and info.namespace == namespace)
-            if resume or (join and same):
-                return info.run_id
-            raise RunDirError(
-                f"{self.path} belongs to run {info.run_id!r} ({info.mode}, started "
-                f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(info.created))}"
-                + (f", namespace {info.namespace!r}" if info.namespace != namespace else "")
-                + "); pass --resume to continue that run, or choose another --run-dir / --run-id")
-        if self.path.is_symlink() and not resume:
-            raise RunDirError(f"{self.path} is a link; give the run directory itself")
-        if self.path.exists() and not self.path.is_dir():
-            raise RunDirError(f"{self.path} is a file, not a run directory")
-        entries = sorted(p.name for p in self.path.iterdir()) if self.path.is_dir() else []
-        foreign = [n for n in entries if not _matches_run_file(n)]
-        if foreign:
-            shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
-            raise RunDirError(f"{self.path} is not empty and is not a run directory (it holds {shown}); "
-                              "choose a new or empty --run-dir")
-        if entries and is_run(self.path) and not resume:  # a run from before markers
-            raise RunDirError(f"{self.path} holds an earlier run; pass --resume to continue it, "
-                              "or choose another --run-dir")
-        # else new, empty, or holding only what a run's roles write first (their logs): this run's
-        self.path.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.marker, RunInfo(run_id=run_id, mode=mode, created=time.time(), algo=algo,
-                                               env_id=env_id, namespace=namespace, host=socket.gethostname(),
-                                               pid=os.getpid()).as_dict())
-        if mode == "decoupled":  # what the tools and --resume read (config.bus.run_namespace)
-            self.namespace_file.write_text(namespace + "\n")
-        return run_id
+        if info is None:
+            if self.path.is_symlink() and not resume:
+                raise RunDirError(f"{self.path} is a link; give the run directory itself")
+            if self.path.exists() and not self.path.is_dir():
+                raise RunDirError(f"{self.path} is a file, not a run directory")
+            entries = sorted(p.name for p in self.path.iterdir()) if self.path.is_dir() else []
+            foreign = [n for n in entries if not _matches_run_file(n)]
+            if foreign:
+                shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+                raise RunDirError(f"{self.path} is not empty and is not a run directory (it holds {shown}); "
+                                  "choose a new or empty --run-dir")
+            info = self.info()  # a role of the same run, started beside this one, may have marked it since
+            if info is None and entries and is_run(self.path) and not resume:  # a run from before markers
+                raise RunDirError(f"{self.path} holds an earlier run; pass --resume to continue it, "
+                                  "or choose another --run-dir")
+        if info is None:  # new, empty, or holding only what a run's roles write first (their logs): this run's
+            self.path.mkdir(parents=True, exist_ok=True)
+            mine = RunInfo(run_id=run_id, mode=mode, created=time.time(), algo=algo, env_id=env_id,
+                           namespace=namespace, host=socket.gethostname(), pid=os.getpid())
+            marked = self._mark(mine)
+            info = None if marked else self.info()  # a role started beside this one marked it first
+            if info is None:
+                if not marked:  # an unreadable marker, not a sibling's (those are linked in whole)
+                    write_json_atomic(self.marker, mine.as_dict())
+                if mode == "decoupled":  # what the tools and --resume read (config.bus.run_namespace)
+                    self.namespace_file.write_text(namespace + "\n")
+                return run_id
+        same = info.run_id == run_id or (adopt and info.mode == mode and info.namespace == namespace)
+        if resume or (join and same):
+            return info.run_id
+        raise RunDirError(
+            f"{self.path} belongs to run {info.run_id!r} ({info.mode}, started "
+            f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(info.created))}"
+            + (f", namespace {info.namespace!r}" if info.namespace != namespace else "")
+            + "); pass --resume to continue that run, or choose another --run-dir / --run-id")
+
+    def _mark(self, info: RunInfo) -> bool:
+        """Write the marker unless one exists (False): complete or absent to any reader (a temp
+        file linked into place), and of one run only when two roles mark at once."""
+        tmp = self.path / f".{MARKER}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+        try:
+            tmp.write_text(json.dumps(info.as_dict(), indent=2, sort_keys=True, default=str) + "\n")
+            try:
+                os.link(tmp, self.marker)
+            except FileExistsError:
+                return False
+            return True
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def point_latest(self) -> None:
         """Make ``<parent>/latest`` a relative link to this directory (atomically)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.rundir import RunDir, RunDirError, is_run
+from runtime.rundir import RunDir, RunDirError, RunInfo, is_run
 
 TINY = ["--total-steps", "1024", "--num-envs", "2", "--train-batch-size", "512", "--torch-threads", "1",
         "--metrics-port", "-1", "--no-plot", "--tensorboard", "off"]
@@ -213,3 +213,47 @@ def test_a_directory_holding_only_role_logs_is_taken(tmp_path: Path) -> None:
     with pytest.raises(RunDirError, match="holds an earlier run"):
         RunDir(legacy).claim("x", mode="colocated")
     assert RunDir(legacy).claim("x", mode="colocated", resume=True) == "x"
+
+
+def test_roles_of_one_run_marking_its_directory_at_once_both_join(tmp_path: Path, monkeypatch) -> None:
+    """The learner and an actor started together claim one new directory: whichever marks it
+    first, the other joins (a fault run's actor was refused with "holds an earlier run" when the
+    learner's marker landed between its look for one and its scan of the files)."""
+    d = tmp_path / "run"
+    looks = {"n": 0}
+    real_info = RunDir.info
+
+    def info_while_the_learner_marks(self):  # the actor's first look: no marker yet
+        looks["n"] += 1
+        if looks["n"] == 1:
+            assert RunDir(d).claim("r1", mode="decoupled", join=True, namespace="ns") == "r1"  # the learner
+            return None
+        return real_info(self)
+
+    monkeypatch.setattr(RunDir, "info", info_while_the_learner_marks)
+    assert RunDir(d).claim("r1", mode="decoupled", join=True, namespace="ns") == "r1"  # the actor joins
+    monkeypatch.undo()
+    assert RunDir(d).info().run_id == "r1" and RunDir(d).namespace_file.read_text().strip() == "ns"
+    # a run that is not this one's is still refused, however the marks interleave
+    with pytest.raises(RunDirError, match="belongs to run 'r1'"):
+        RunDir(d).claim("r2", mode="decoupled", join=True, namespace="ns")
+
+
+def test_two_markers_at_once_leave_one_run(tmp_path: Path, monkeypatch) -> None:
+    """Two runs marking one new directory at once: one owns it, the other is refused; neither
+    marker overwrites the other."""
+    d = tmp_path / "run"
+    d.mkdir()
+    real_mark = RunDir._mark
+    seen = {"n": 0}
+
+    def mark_after_a_rival(self, info):
+        seen["n"] += 1
+        if seen["n"] == 1:  # a rival run marks between this one's checks and its mark
+            assert real_mark(self, RunInfo.from_dict({**info.as_dict(), "run_id": "rival"})) is True
+        return real_mark(self, info)
+
+    monkeypatch.setattr(RunDir, "_mark", mark_after_a_rival)
+    with pytest.raises(RunDirError, match="belongs to run 'rival'"):
+        RunDir(d).claim("mine", mode="colocated")
+    assert json.loads((d / "run.json").read_text())["run_id"] == "rival"
