@@ -23,16 +23,23 @@ pytestmark = pytest.mark.kafka
 TOPIC = "t-flush-deadline"
 
 
-def test_a_flush_in_an_outage_gives_up_by_its_deadline_and_says_so_meanwhile(private_kafka, monkeypatch, caplog):
-    monkeypatch.setattr(kafka_producer, "LOG_INTERVAL_S", 1.0)
-    # not closed at the end: its queued record can never be delivered (the broker stays down)
-    bus = KafkaBus(private_kafka.bootstrap, client_id="flush-deadline", outage_wait=4.0)
+def one_record_in_an_outage(private_kafka, client_id: str) -> KafkaBus:
+    """A bus that delivered one record, then queued one more after the broker was killed, and
+    has seen the outage."""
+    bus = KafkaBus(private_kafka.bootstrap, client_id=client_id, outage_wait=4.0)
     bus.create_topics([TopicSpec(TOPIC, key="test", partitions=1)])
     bus.produce(TOPIC, b"before", key=b"k")
     bus.flush()
     private_kafka.kafka.kill()
     bus.produce(TOPIC, b"during", key=b"k")
     wait_for(lambda: bus._producer.poll(0.1) is not None and ERRORS.outage(), 60, "the producer to see the outage")
+    return bus
+
+
+def test_a_flush_in_an_outage_gives_up_by_its_deadline_and_says_so_meanwhile(private_kafka, monkeypatch, caplog):
+    monkeypatch.setattr(kafka_producer, "LOG_INTERVAL_S", 1.0)
+    # not closed at the end: its queued record can never be delivered (the broker stays down)
+    bus = one_record_in_an_outage(private_kafka, "flush-deadline")
     caplog.clear()
     caplog.set_level(logging.WARNING, logger="streams.bus.kafka")
     t0 = time.monotonic()
@@ -54,13 +61,7 @@ def test_a_recovery_elsewhere_in_the_process_does_not_cut_the_outage_wait_short(
     during it), not only the errors no round trip has recovered from yet (issue 39, part 3)."""
     monkeypatch.setattr(kafka_producer, "LOG_INTERVAL_S", 1.0)
     monkeypatch.setattr(ERRORS, "interval", 0.0)  # every recovery resets the log (not once per 10 s)
-    bus = KafkaBus(private_kafka.bootstrap, client_id="flush-recovered", outage_wait=4.0)
-    bus.create_topics([TopicSpec(TOPIC, key="test", partitions=1)])
-    bus.produce(TOPIC, b"before", key=b"k")
-    bus.flush()
-    private_kafka.kafka.kill()
-    bus.produce(TOPIC, b"during", key=b"k")
-    wait_for(lambda: bus._producer.poll(0.1) is not None and ERRORS.outage(), 60, "the producer to see the outage")
+    bus = one_record_in_an_outage(private_kafka, "flush-recovered")
     live = threading.Event()
 
     def live_node() -> None:  # another client's round trips to a live node, all along
