@@ -177,7 +177,8 @@ class TrainConfig:
         if actor.fragment_steps is None and d.fragment_steps is not None:
             actor = replace(actor, fragment_steps=d.fragment_steps)
         if self.replay.enabled and d.on_policy:
-            raise ValueError(f"--replay.enabled needs an off-policy algorithm (agro, tba), not {run.algo!r}")
+            off = ", ".join(name for name, row in ALGO_DEFAULTS.items() if row.online and not row.on_policy)
+            raise ValueError(f"--replay.enabled needs an off-policy algorithm ({off}), not {run.algo!r}")
         if actor.overlap:
             if self.mode != "colocated":
                 raise ValueError(OVERLAP_COLOCATED_ONLY)
