@@ -428,7 +428,7 @@ def test_learner_ranks_statefulset_validates_and_agrees_with_the_learner() -> No
     (c,) = sts["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e for e in c["env"]}
     world = sts["spec"]["replicas"]
-    assert env["WORLD_SIZE"]["value"] == str(world) and c["command"][c["command"].index("--learners") + 1] == str(world)
+    assert env["WORLD_SIZE"]["value"] == str(world) and c["command"][c["command"].index("--learner.learners") + 1] == str(world)
     assert env["RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
     assert env["MASTER_ADDR"]["value"].startswith(f"{sts['metadata']['name']}-0.{svc['metadata']['name']}.")
     assert env["MASTER_PORT"]["value"] == str(svc["spec"]["ports"][0]["port"])
