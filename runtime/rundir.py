@@ -55,7 +55,12 @@ class RunDirError(ValueError):
 def write_json_atomic(path: str | Path, obj: Any, *, indent: int | None = 2) -> Path:
     """Write ``obj`` as JSON to ``path`` through a temp file of this process and a rename, so a
     reader sees the old file or the new one, never half of one (``config.runfile.write_text_atomic``)."""
-    return write_text_atomic(path, json.dumps(obj, indent=indent, sort_keys=True, default=str) + "\n")
+    return write_text_atomic(path, json_text(obj, indent))
+
+
+def json_text(obj: Any, indent: int | None = 2) -> str:
+    """A run file's JSON text: sorted keys, anything else as its ``str``, one final newline."""
+    return json.dumps(obj, indent=indent, sort_keys=True, default=str) + "\n"
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -226,7 +231,7 @@ class RunDir:
         file linked into place), and of one run only when two roles mark at once."""
         tmp = self.path / f".{MARKER}.{os.getpid()}.{time.monotonic_ns()}.tmp"
         try:
-            tmp.write_text(json.dumps(info.as_dict(), indent=2, sort_keys=True, default=str) + "\n")
+            tmp.write_text(json_text(info.as_dict()))
             try:
                 os.link(tmp, self.marker)
             except FileExistsError:
