@@ -1,6 +1,6 @@
 """An actor's envs in a child process: ``RolloutProcess`` has ``Rollout``'s interface, and its
 ``collect`` waits on a pipe while the child steps the envs, so the calling thread holds no GIL
-meanwhile. Co-located ``--overlap`` uses it to collect the next fragment while the learner's
+meanwhile. Co-located ``--actor.overlap`` uses it to collect the next fragment while the learner's
 update runs in the parent: two processes, two cores, where two threads of one process take turns.
 
 The child is started with ``spawn`` (no forked torch or broker-client state) and builds the

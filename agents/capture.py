@@ -85,7 +85,7 @@ class CapturedStep:
             self.stats.compile_failures += 1
             self.stats.eager_steps += 1
             warnings.warn(f"the captured update could not be compiled ({self.failed}); it runs eagerly "
-                          "(--compile-update False skips the attempt)", RuntimeWarning, stacklevel=2)
+                          "(--learner.compile-update False skips the attempt)", RuntimeWarning, stacklevel=2)
             return self.body(*args)
         if any(isinstance(a, Tensor) and a.is_cuda for a in args):
             torch.cuda.synchronize()

@@ -2,7 +2,7 @@
 algorithms are constructed.
 
 A spec has two halves, joined by name. The data half is the algorithm's row of
-``config.algos.ALGO_DEFAULTS`` (defaults, staleness, on-policy, the ``--overlap`` correction): the
+``config.algos.ALGO_DEFAULTS`` (defaults, staleness, on-policy, the ``--actor.overlap`` correction): the
 CLI and ``TrainConfig`` read it before torch loads, and ``config/`` imports nothing of ours. The
 torch half is here: the config and algorithm classes and the replay rule. A spec whose row is
 missing fails here, at import, with a message naming the table. Callers ask the spec
@@ -78,7 +78,7 @@ class AlgorithmSpec:
 
     @property
     def overlap(self) -> Optional[dict[str, Any]]:
-        """The config fields co-located ``--overlap`` sets (None: the option is refused)."""
+        """The config fields co-located ``--actor.overlap`` sets (None: the option is refused)."""
         return self.defaults.overlap
 
 

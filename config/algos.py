@@ -1,5 +1,5 @@
 """The data half of each algorithm's spec: its row of defaults (data collection, batching, the
-stream processors' staleness and importance settings) and its ``--overlap`` correction. Pure
+stream processors' staleness and importance settings) and its ``--actor.overlap`` correction. Pure
 data, so the CLI and ``config.TrainConfig`` read it without torch; ``agents.registry.SPECS``
 binds each row to its config and algorithm classes and its replay rule (a new algorithm: a row
 here, a spec there). Read by ``agents.base`` (``is_on_policy``), ``config.PrepareConfig.for_algo``
@@ -42,7 +42,7 @@ class AlgoDefaults:
     """Steps per env per SampleBatch; None: ``train_batch_size // (num_envs * num_actors)``, or in
     group mode the env's episode horizon (``max_episode_steps``)."""
     overlap: dict[str, Any] | None = None
-    """Co-located ``--overlap`` (actors collect the next fragment while the learner updates, so
+    """Co-located ``--actor.overlap`` (actors collect the next fragment while the learner updates, so
     each fragment is trained one version after the one that collected it): the algorithm fields
     that correct for that lag, set by the option; None: the algorithm has no correction for a
     lagged behaviour policy, and the option is refused."""

@@ -61,13 +61,13 @@ def default_cache_dir() -> str:
     return os.path.join(base, f"rlstream-blobs-{os.getuid()}")
 
 
-#: Why ``--overlap`` is refused outside co-located mode (``run_decoupled`` and the CLI say it).
+#: Why ``--actor.overlap`` is refused outside co-located mode (``run_decoupled`` and the CLI say it).
 OVERLAP_COLOCATED_ONLY = ("--actor.overlap applies to co-located mode only (decoupled actors and learner are separate "
                           "processes: they already collect and train at once)")
 
 
 def overlap_overrides(algo: str, overrides: dict[str, Any]) -> dict[str, Any]:
-    """``overrides`` with the algorithm fields ``--overlap`` needs (its row's ``overlap``); a clear
+    """``overrides`` with the algorithm fields ``--actor.overlap`` needs (its row's ``overlap``); a clear
     ``ValueError`` for an algorithm with no correction for the lag, or an override against it."""
     need = algo_defaults(algo).overlap
     if need is None:

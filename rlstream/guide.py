@@ -3,7 +3,7 @@
 ``--strategy on-policy`` is co-located mode with an on-policy algorithm (PPO unless ``--algo``
 names another), ``--strategy off-policy`` decoupled mode with an off-policy one (AGRO unless
 ``--algo`` says); ``--importance-sampling`` is ``--importance``; ``--env-name`` is ``--env``;
-``--device cuda:0,1,2,3`` is four learner ranks. What cannot run here (an env version that no
+``--learner.device cuda:0,1,2,3`` is four learner ranks. What cannot run here (an env version that no
 longer loads, a CUDA device this machine does not have) is refused before anything is created,
 in one line that ends with the exact command that does the same here."""
 
@@ -154,7 +154,7 @@ def check_redis(snapshot_store: str | None, redis_url: str | None, timeout_s: fl
                 unreachable_ok: bool = False) -> None:
     """Refuse (``SystemExit``, one line) a run whose Redis does not answer a PING within
     ``timeout_s``: the snapshot store's (``redis://`` ``--snapshot-store``) or the claim checks'
-    (``--redis-url``, ``REDIS_URL``), before the run directory is made. Passwords are never shown.
+    (``--deploy.redis-url``, ``REDIS_URL``), before the run directory is made. Passwords are never shown.
     ``unreachable_ok`` (a role, which a supervisor may restart while Redis restarts too): only a
     Redis that refuses the password is refused; one that does not answer is left to the role's
     own retries."""

@@ -82,7 +82,7 @@ class RoleProcess:
     ``name``: the process (its state file ``<run_dir>/<name>.state.json`` with ``state``);
     ``timeline``: keep every progress line (``timeline.json``) and each line's latency window;
     ``gpu``: sample GPU utilisation (the process holds the learner); ``defer_batches``: count
-    fragments when their round ends (co-located ``--overlap``: the learner's version is known
+    fragments when their round ends (co-located ``--actor.overlap``: the learner's version is known
     once the round is joined); ``flush``: flushed after every round (a decoupled actor's bus)."""
 
     def __init__(self, cfg: TrainConfig, name: str, *, total_steps: int, log: Any = None, health: Any = None,

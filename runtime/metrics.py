@@ -60,7 +60,7 @@ rlstream_gpu_memory_total_bytes            gauge      device   (GPU only)
 
 ``rlstream_batch_size`` is the learner's minibatch (transitions); the decoupled actor's
 fragment length (steps per env) is ``rlstream_fragment_length``. The three ``replay`` gauges
-describe the learner node's sample cache (``--replay``).
+describe the learner node's sample cache (``--replay.enabled``).
 
 Policy lag in time is exported in seconds (Prometheus base unit), although
 the helper takes milliseconds, the unit the events carry (``created_at_ms``).

@@ -7,7 +7,7 @@ Co-located mode drives all roles in one loop; each decoupled child drives its on
                   done=lambda: progress.steps >= total, stop=stop, on_round=progress.maybe_log)
     write_summary(run_dir, "actor-0", actor.summary())   # the decoupled parent reads it back
 
-``drive_overlapped`` is the co-located ``--overlap`` loop: the actors step in a second thread
+``drive_overlapped`` is the co-located ``--actor.overlap`` loop: the actors step in a second thread
 while the learner updates.
 """
 
@@ -143,7 +143,7 @@ class OverlapTimes:
     """Where the rounds of ``drive_overlapped`` spent their time (seconds, summed over rounds).
     ``side_s`` and ``main_s`` are wall times, each including any time its thread waited for the
     GIL: ``overlap_saved_s`` is a real saving only where the side's work runs outside it
-    (co-located ``--overlap``: the actors' envs in child processes; two Python-bound roles in
+    (co-located ``--actor.overlap``: the actors' envs in child processes; two Python-bound roles in
     threads of one process take turns, bench/peers.py)."""
 
     rounds: int = 0
@@ -170,7 +170,7 @@ def drive_overlapped(side: Sequence[Slot], main: Sequence[Slot], after: Sequence
     """``drive`` with two slot lists stepped at once. Each round: ``before()`` (this thread, with
     nothing else running), then the ``side`` slots in a second thread while this thread steps
     the ``main`` slots, both joined, then the ``after`` slots, then ``on_round()``. Co-located
-    ``--overlap``: side = the actors, main = the learner, after = the stream processor, before =
+    ``--actor.overlap``: side = the actors, main = the learner, after = the stream processor, before =
     the actors adopting the newest version; so an actor collects fragment k+1 with version v
     while the learner trains fragment k into v+1, and the order of every event is fixed by the
     rounds, never by the threads' timing::

@@ -191,7 +191,7 @@ class Replay:
         if s.losses.get("replay_samples", 0.0) > 0:
             return Divergence(s.to_version, MISSING, f"step {s.step} also trained on "
                               f"{int(s.losses['replay_samples'])} transitions replayed from the learner's "
-                              "sample cache (--replay); the log does not say which"), None
+                              "sample cache (--replay.enabled); the log does not say which"), None
         batches, altered = [], []
         for i, bid in enumerate(s.batch_ids):
             found = self.run.prepared_batch(bid)
