@@ -27,6 +27,8 @@ log = logging.getLogger("streams.bus.kafka")  # the whole Kafka bus logs under o
 _FENCED = {KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS,
            KafkaError.FENCED_INSTANCE_ID}
 COMMIT_RETRY_S = 10.0
+#: How long ``close`` waits for librdkafka's close (a group leave; it can hang without a broker).
+CLOSE_TIMEOUT_S = 10.0
 
 
 class _Unanswered(Exception):
@@ -279,7 +281,10 @@ class KafkaConsumer(Consumer):
     def lag(self) -> dict[TP, int]:
         return {tp: max(0, self.bus._watermarks(*tp)[1] - pos) for tp, pos in self._positions.items()}
 
-    def close(self) -> None:
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Leave the group and release the client, waiting at most ``timeout`` s: librdkafka's
+        close can hang while the broker is gone, so it runs on a daemon thread that is then left
+        to finish (or to the process's exit), with one log line."""
         if self._closed:
             return
         self._closed = True
@@ -293,4 +298,16 @@ class KafkaConsumer(Consumer):
                 # handle is left to the process's exit; the group drops the member by timeout.
                 log.warning("consumer of group %s not closed: a commit is still unanswered", self.group)
                 return
-        self._c.close()
+        closer = threading.Thread(target=self._close_client, name=f"rlstream-close-{self.group}", daemon=True)
+        closer.start()
+        closer.join(timeout)
+        if closer.is_alive():
+            ERRORS.error(log, logging.WARNING, "consumer:close",
+                         f"consumer of {self.topics} (group {self.group}) not closed within {timeout:.0f}s "
+                         "(broker unreachable?); left to close in the background", connection=False)
+
+    def _close_client(self) -> None:
+        try:
+            self._c.close()
+        except Exception as e:  # noqa: BLE001 - a closing client's error only matters to the log
+            log.debug("consumer of %s: close failed: %s", self.topics, e)
