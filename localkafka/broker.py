@@ -2,7 +2,8 @@
 combined broker+controller on 127.0.0.1 (detached or in the foreground), waits until a Kafka client
 sees it (``localkafka.probe``, never a sleep), and stops, kills or restarts it, finding its process
 again from the pid file in its data dir. A single-node cluster by default, or one node of an
-N-node cluster (``node_id``, ``voters``, ``cluster_id``; ``localkafka.cluster.LocalCluster``).
+N-node cluster (``node_id``, ``voters``, ``cluster_id``; ``localkafka.cluster.LocalCluster``), which
+may also be a broker-only or a controller-only node (``roles``).
 Standard library only.
 
 Python API (used by tests)::
@@ -50,8 +51,8 @@ from localkafka.paths import (
     major_version,
     tail_file,
 )
-from localkafka.probe import _ReadyWatch, port_is_free, probe
-from localkafka.render import render_properties, server_properties
+from localkafka.probe import _listening, _ReadyWatch, port_is_free, probe
+from localkafka.render import BROKER, COMBINED, CONTROLLER, render_properties, server_properties
 from localkafka.security import Security, scram_format_args
 
 DEFAULT_START_TIMEOUT = 120.0
@@ -129,12 +130,18 @@ class LocalKafka:
         voters: str | None = None,
         cluster_id: str | None = None,
         security: Security | None = None,
+        roles: str = COMBINED,
+        brokers: int | None = None,
     ) -> None:
         """``node_id``, ``voters`` (every node's ``id@host:controller_port``) and ``cluster_id``
         (one 22-character id shared by the nodes, :func:`new_cluster_id`): this node's place in
         a cluster; by default a cluster of this node alone with a random id. ``security``: TLS and
         SASL listeners beside the PLAINTEXT one, and their accounts (``localkafka.security``;
-        SCRAM accounts are stored when the node is formatted)."""
+        SCRAM accounts are stored when the node is formatted).
+        ``roles``: ``process.roles`` (``localkafka.render``: ``COMBINED``, ``BROKER`` or
+        ``CONTROLLER``; a controller-only node listens on ``controller_port`` alone and is ready
+        when that port accepts a connection); ``brokers``: how many brokers the cluster has, which
+        its replication defaults follow (None: every voter is one)."""
         self.env = env or Environment.read()  # RLSTREAM_KAFKA_VERSION / _JAVA_OPTS, read once
         self.node_id = int(node_id)
         self.voters = voters
@@ -150,12 +157,30 @@ class LocalKafka:
         self.heap = tuple(heap)
         self.quiet = quiet
         self.security = security
+        self.roles = roles
+        self.brokers = brokers
         self._proc: subprocess.Popen | None = None
 
     # -- paths
     @property
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def is_broker(self) -> bool:
+        """Whether this node has the broker role (a controller-only node has no broker listener)."""
+        return self.roles != CONTROLLER
+
+    @property
+    def address(self) -> str:
+        """Where this node answers: its broker listener, or a controller-only node's controller port."""
+        return self.bootstrap if self.is_broker else f"{self.host}:{self.controller_port}"
+
+    def _ports(self) -> list[tuple[int, str]]:
+        """The ports this node listens on, with what each is."""
+        return [(p, w) for p, w, roles in ((self.port, "broker", (COMBINED, BROKER)),
+                                           (self.controller_port, "controller", (COMBINED, CONTROLLER)))
+                if self.roles in roles]
 
     def listener(self, protocol: str) -> str:
         """The bootstrap address of this node's ``protocol`` listener (``SSL``, ``SASL_SSL``,
@@ -212,6 +237,9 @@ class LocalKafka:
         return self.pid is not None
 
     def is_ready(self, timeout: float = 2.0) -> bool:
+        """A Kafka client gets metadata from the broker; a controller-only node: its port answers."""
+        if not self.is_broker:
+            return _listening(self.host, self.controller_port, timeout) is None
         return probe(self.host, self.port, timeout)["ready"]
 
     def status(self) -> dict:
@@ -224,11 +252,12 @@ class LocalKafka:
             "running": pid is not None,
             "pid": pid,
             "node_id": self.node_id,
+            "roles": self.roles,
             "port": self.port,
             "controller_port": self.controller_port,
             "version": self.version,
             "data_dir": str(self.data_dir),
-            "bootstrap": self.bootstrap,
+            "bootstrap": self.address,
             "ready": pid is not None and answering,
             "answering": answering,
         }
@@ -252,7 +281,8 @@ class LocalKafka:
         props = server_properties(
             port=self.port, controller_port=self.controller_port, log_dir=self.log_dirs,
             version=self.version, node_id=self.node_id, voters=self.voters,
-            extra=self.extra_properties, host=self.host, security=self.security)
+            extra=self.extra_properties, host=self.host, security=self.security, roles=self.roles,
+            brokers=self.brokers)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         _atomic_write(self.properties_path, render_properties(props))
         return self.properties_path
@@ -298,7 +328,7 @@ class LocalKafka:
 
     def _preflight(self) -> None:
         """Refuse ports held by something else (and say whether it is a Kafka)."""
-        for port, what in ((self.port, "broker"), (self.controller_port, "controller")):
+        for port, what in self._ports():
             p = probe(self.host, port, timeout=2.0)
             if p["kafka"]:
                 raise PortBusyError(
@@ -370,20 +400,21 @@ class LocalKafka:
     def _write_state(self, pid: int) -> None:
         _atomic_write(self.pid_path, f"{pid}\n")
         state = {"pid": pid, "port": self.port, "controller_port": self.controller_port,
-                 "node_id": self.node_id, "version": self.version, "data_dir": str(self.data_dir),
+                 "node_id": self.node_id, "roles": self.roles, "version": self.version, "data_dir": str(self.data_dir),
                  "started_at": time.time()}
         _atomic_write(self.data_dir / STATE_FILE, json.dumps(state, indent=1) + "\n")
 
     def wait_ready(self, timeout: float = DEFAULT_START_TIMEOUT) -> None:
         """Until a Kafka client sees the broker (confluent-kafka's probe when importable, else
-        one long-lived run of Kafka's own tool), the broker's exit or ``timeout``."""
+        one long-lived run of Kafka's own tool; a controller-only node: a TCP connect to its
+        controller port), the node's exit or ``timeout``."""
         deadline = time.monotonic() + timeout
         try:
             import confluent_kafka  # noqa: F401
 
             watch = None
         except ImportError:
-            watch = _ReadyWatch(self.version, self.bootstrap)
+            watch = _ReadyWatch(self.version, self.bootstrap) if self.is_broker else None
         try:
             while True:
                 if not self.is_running():
@@ -393,6 +424,9 @@ class LocalKafka:
                         f"({self.stdout_log}):\n{self.log_tail()}")
                 if watch is not None:
                     ready, error = watch.ready(), watch.error
+                elif not self.is_broker:  # a controller-only node: its controller port answers
+                    error = _listening(self.host, self.controller_port, 2.0)
+                    ready = error is None
                 else:
                     last = probe(self.host, self.port, timeout=2.0)
                     ready, error = last["ready"], last["error"]
@@ -400,7 +434,7 @@ class LocalKafka:
                     return
                 if time.monotonic() >= deadline:
                     raise BrokerError(
-                        f"Kafka broker on {self.bootstrap} not ready after {timeout:g}s "
+                        f"Kafka node on {self.address} not ready after {timeout:g}s "
                         f"(last probe: {error}); log tail ({self.stdout_log}):\n"
                         f"{self.log_tail()}")
                 time.sleep(0.25)
@@ -478,7 +512,7 @@ class LocalKafka:
     def _wait_port_free(self, timeout: float = 5.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if port_is_free(self.port, self.host) and port_is_free(self.controller_port, self.host):
+            if all(port_is_free(p, self.host) for p, _ in self._ports()):
                 return
             time.sleep(0.1)
 

@@ -59,6 +59,10 @@ def _build_parser() -> argparse.ArgumentParser:
     common(p, with_port=False)
     p = sub.add_parser("start", help="format storage if needed, start, wait until ready")
     common(p)
+    p.add_argument("--controllers", type=int, default=0,
+                   help="with --nodes N: N broker-only nodes and this many controller-only nodes "
+                        "(ids N+1.., ports after the brokers' pairs) as the KRaft quorum, so brokers "
+                        "can be lost without it (default 0: every node is both)")
     p.add_argument("--fresh", action="store_true", help="wipe the data dir first")
     p.add_argument("--foreground", action="store_true", help="run attached (exec java)")
     p.add_argument("--timeout", type=float, default=DEFAULT_START_TIMEOUT,
@@ -145,7 +149,10 @@ def _cluster_of(args: argparse.Namespace, version: str, env: Environment):
     data_dir = Path(args.data_dir).expanduser() if args.data_dir else lc.default_data_dir(args.port, version)
     if nodes is None and args.command in ("stop", "status") and (data_dir / lc.CLUSTER_FILE).is_file():
         return lc.LocalCluster.open(data_dir, version=version, env=env)
-    if nodes is None or nodes == 1:
+    controllers = getattr(args, "controllers", 0)
+    if controllers and nodes is None:
+        raise BrokerError("--controllers K goes with --nodes N: N brokers beside K controllers")
+    if (nodes is None or nodes == 1) and not controllers:
         return None
     if args.controller_port is not None:
         raise BrokerError("--controller-port applies to one node; a cluster's node i uses port+2i and port+2i+1")
@@ -153,7 +160,8 @@ def _cluster_of(args: argparse.Namespace, version: str, env: Environment):
         if (data_dir / lc.CLUSTER_FILE).is_file():
             lc.LocalCluster.open(data_dir, version=version, quiet=True, env=env).wipe()  # stops it first
         shutil.rmtree(data_dir, ignore_errors=True)
-    return lc.LocalCluster(nodes, port=args.port, data_dir=data_dir, version=version, host=args.host, env=env)
+    return lc.LocalCluster(nodes, controllers=controllers, port=args.port, data_dir=data_dir, version=version,
+                           host=args.host, env=env)
 
 
 def _cluster_command(args: argparse.Namespace, cluster, env: Environment) -> int:

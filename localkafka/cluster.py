@@ -1,5 +1,7 @@
 """A local N-node KRaft cluster: N ``LocalKafka`` nodes, each a combined broker+controller on its
-own ports and data dir, all voters of one controller quorum, formatted with one cluster id.
+own ports and data dir, all voters of one controller quorum, formatted with one cluster id; or,
+with ``controllers=K``, N broker-only nodes (ids 1..N) beside K controller-only ones (ids N+1..N+K,
+the quorum's only voters), so brokers can be lost without losing the quorum.
 
     cluster = LocalCluster(3, ports=[(19092, 19093), (19094, 19095), (19096, 19097)])
     cluster.start()              # launch every node, wait until all three brokers are registered
@@ -11,8 +13,10 @@ own ports and data dir, all voters of one controller quorum, formatted with one 
     cluster.start_node(2)        # start it again on its data; wait_in_sync() until it caught up
     cluster.close()              # SIGKILL every node (tests); stop_all() for a controlled stop
 
-The internal topics and the topic defaults follow the node count (``render.cluster_replication``:
-3 copies, 2 in sync for 3 nodes). Which node leads a partition comes from librdkafka's admin
+    LocalCluster(3, controllers=1, port=19092)  # brokers 1-3 on 19092..19097, controller 4 on 19098
+
+The internal topics and the topic defaults follow the number of brokers (``render.cluster_replication``:
+3 copies, 2 in sync for 3 brokers), on the controllers too (a KRaft controller creates topics). Which node leads a partition comes from librdkafka's admin
 client (``describe_topics``); which node is the active controller from Kafka's own
 ``kafka-metadata-quorum describe --status`` (a KRaft broker's metadata names a random broker as
 "controller", so ``describe_cluster`` cannot say). ``rlstream broker start --nodes 3`` starts one
@@ -38,6 +42,7 @@ from typing import Iterable, Mapping, Sequence
 
 from config.env import Environment
 from localkafka.broker import DEFAULT_START_TIMEOUT, DEFAULT_STOP_TIMEOUT, JVM_HEAP, LocalKafka, new_cluster_id
+from localkafka.render import BROKER, COMBINED, CONTROLLER
 from localkafka.paths import DEFAULT_PORT, HOST, BrokerError, _atomic_write, default_version, kafka_home
 
 CLUSTER_FILE = "cluster.json"
@@ -49,6 +54,11 @@ def default_ports(port: int, nodes: int) -> list[tuple[int, int]]:
     return [(port + 2 * i, port + 2 * i + 1) for i in range(nodes)]
 
 
+def default_controller_ports(port: int, nodes: int, controllers: int) -> list[int]:
+    """Dedicated controller j (from 0) on ``port + 2 * nodes + j``, after the brokers' pairs."""
+    return [port + 2 * nodes + j for j in range(controllers)]
+
+
 def default_data_dir(port: int, version: str | None = None) -> Path:
     """``<cache>/kafka-<ver>/cluster-<port>``: one directory per node under it (``node-<id>``)."""
     return kafka_home(version or default_version()) / f"cluster-{port}"
@@ -58,10 +68,16 @@ class LocalCluster:
     """``nodes`` KRaft nodes on ``host`` (see the module docstring). ``ports``: (broker,
     controller) per node, default ``default_ports(port, nodes)``; node ids are 1..N. The data dir
     keeps ``cluster.json`` (cluster id, nodes, ports) and one data dir per node, so the same
-    cluster comes back after a stop."""
+    cluster comes back after a stop.
 
-    def __init__(self, nodes: int = 3, *, port: int = DEFAULT_PORT,
-                 ports: Sequence[tuple[int, int]] | None = None, data_dir: str | Path | None = None,
+    ``controllers`` > 0: the ``nodes`` are broker-only (their controller ports unused) and
+    ``controllers`` controller-only nodes, ids N+1..N+K on ``controller_ports`` (default
+    ``default_controller_ports``), form the quorum. ``nodes`` (the dict) holds them all;
+    ``broker_ids`` and ``controller_ids`` say which is which (the same ids, combined)."""
+
+    def __init__(self, nodes: int = 3, *, controllers: int = 0, port: int = DEFAULT_PORT,
+                 ports: Sequence[tuple[int, int]] | None = None, controller_ports: Sequence[int] | None = None,
+                 data_dir: str | Path | None = None,
                  version: str | None = None, extra_properties: Mapping[str, object] | None = None,
                  heap: Sequence[str] = JVM_HEAP, quiet: bool = False, env: Environment | None = None,
                  host: str = HOST) -> None:
@@ -73,29 +89,47 @@ class LocalCluster:
         self.ports = [tuple(p) for p in (ports or default_ports(port, nodes))]
         if len(self.ports) != nodes:
             raise BrokerError(f"{nodes} nodes need {nodes} (broker, controller) port pairs, not {len(self.ports)}")
+        if controllers < 0:
+            raise BrokerError(f"controllers {controllers}: 0 (every node a controller too) or more")
+        self.controllers = controllers
+        self.controller_ports = [int(c) for c in (controller_ports or default_controller_ports(
+            self.ports[0][0], nodes, controllers))] if controllers else []
+        if len(self.controller_ports) != controllers:
+            raise BrokerError(f"{controllers} controllers need {controllers} ports, not {len(self.controller_ports)}")
         self.data_dir = Path(data_dir).expanduser().resolve() if data_dir else default_data_dir(
             self.ports[0][0], self.version)
         self.quiet = quiet
         self._admin_client = None  # (bootstrap, confluent_kafka AdminClient)
         self.cluster_id = self._cluster_id(nodes)
-        self.voters = ",".join(f"{i}@{host}:{c}" for i, (_, c) in enumerate(self.ports, 1))
+        self.broker_ids = list(range(1, nodes + 1))
+        quorum = ([(nodes + j, c) for j, c in enumerate(self.controller_ports, 1)] if controllers
+                  else [(i, c) for i, (_, c) in enumerate(self.ports, 1)])
+        self.controller_ids = [i for i, _ in quorum]
+        self.voters = ",".join(f"{i}@{host}:{c}" for i, c in quorum)
+
+        def node(i: int, p: int, c: int, roles: str) -> LocalKafka:
+            return LocalKafka(port=p, controller_port=c, version=self.version, data_dir=self.data_dir / f"node-{i}",
+                              extra_properties=extra_properties, heap=heap, quiet=True, env=self.env, host=host,
+                              node_id=i, voters=self.voters, cluster_id=self.cluster_id, roles=roles,
+                              brokers=nodes)
+
         self.nodes: dict[int, LocalKafka] = {
-            i: LocalKafka(port=p, controller_port=c, version=self.version, data_dir=self.data_dir / f"node-{i}",
-                          extra_properties=extra_properties, heap=heap, quiet=True, env=self.env, host=host,
-                          node_id=i, voters=self.voters, cluster_id=self.cluster_id)
-            for i, (p, c) in enumerate(self.ports, 1)}
+            i: node(i, p, c, BROKER if controllers else COMBINED) for i, (p, c) in enumerate(self.ports, 1)}
+        self.nodes.update({i: node(i, c, c, CONTROLLER) for i, c in quorum if controllers})
 
     # -- identity ------------------------------------------------------------------------------
     def _cluster_id(self, nodes: int) -> str:
         """The id in ``cluster.json`` (the same cluster again), else a new one written there."""
         path = self.data_dir / CLUSTER_FILE
         want = {"nodes": nodes, "ports": [list(p) for p in self.ports], "host": self.host}
+        if self.controllers:  # absent for a combined cluster, as in the files written before
+            want.update(controllers=self.controllers, controller_ports=self.controller_ports)
         try:
             known = json.loads(path.read_text())
         except (OSError, ValueError):
             known = None
         if known is not None:
-            if {k: known.get(k) for k in want} != want:
+            if {k: known.get(k) for k in (*want, "controllers")} != {"controllers": None, **want}:
                 raise BrokerError(
                     f"{self.data_dir} holds another cluster ({known.get('nodes')} nodes on ports "
                     f"{known.get('ports')}); stop it and start with --fresh, or use another --data-dir")
@@ -113,12 +147,13 @@ class LocalCluster:
         except (OSError, ValueError):
             raise BrokerError(f"no local cluster at {path.parent} (no {CLUSTER_FILE})") from None
         return cls(known["nodes"], ports=[tuple(p) for p in known["ports"]], data_dir=path.parent,
+                   controllers=known.get("controllers", 0), controller_ports=known.get("controller_ports"),
                    host=known.get("host", HOST), version=kw.pop("version", None) or known.get("version"), **kw)
 
     @property
     def bootstrap(self) -> str:
-        """Every node's broker address, comma separated (KAFKA_BROKERS)."""
-        return ",".join(n.bootstrap for n in self.nodes.values())
+        """Every broker's address, comma separated (KAFKA_BROKERS)."""
+        return ",".join(self.nodes[i].bootstrap for i in self.broker_ids)
 
     def node(self, node_id: int) -> LocalKafka:
         try:
@@ -155,6 +190,9 @@ class LocalCluster:
         want = sorted(nodes) if nodes is not None else sorted(self.nodes)
         for i in want:
             self.node(i).wait_ready(max(1.0, deadline - time.monotonic()))
+        want = [i for i in want if i in self.broker_ids]  # a controller-only node is no broker
+        if not want:
+            return
         try:
             import confluent_kafka  # noqa: F401
         except ImportError:
@@ -184,8 +222,16 @@ class LocalCluster:
 
     def stop_all(self, timeout: float = DEFAULT_STOP_TIMEOUT) -> list[int]:
         """SIGTERM every running node at once, SIGKILL what still runs after ``timeout``; the
-        node ids that were running."""
-        running = {i: n.pid for i, n in self.nodes.items() if n.pid is not None}
+        node ids that were running. Dedicated controllers go after the brokers (a broker's
+        controlled shutdown asks the controller)."""
+        stopped = []
+        tiers = [self.broker_ids, [i for i in self.controller_ids if i not in self.broker_ids]]
+        for ids in filter(None, tiers):
+            stopped += self._stop_together(ids, timeout)
+        return sorted(stopped)
+
+    def _stop_together(self, ids: Iterable[int], timeout: float) -> list[int]:
+        running = {i: self.nodes[i].pid for i in ids if self.nodes[i].pid is not None}
         for i, pid in running.items():
             self.nodes[i]._signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
@@ -209,7 +255,8 @@ class LocalCluster:
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def status(self) -> dict:
-        return {"nodes": len(self.nodes), "bootstrap": self.bootstrap, "cluster_id": self.cluster_id,
+        return {"nodes": len(self.broker_ids), "controllers": self.controllers, "bootstrap": self.bootstrap,
+                "cluster_id": self.cluster_id,
                 "data_dir": str(self.data_dir), "version": self.version,
                 "members": [n.status() for n in self.nodes.values()]}
 
@@ -218,12 +265,16 @@ class LocalCluster:
         """Node ids whose process runs."""
         return [i for i, n in self.nodes.items() if n.is_running()]
 
+    def _live(self) -> str:
+        """The running brokers' addresses, comma separated."""
+        return ",".join(self.nodes[i].bootstrap for i in self.running() if i in self.broker_ids)
+
     def _admin(self):
-        """An admin client on the running nodes, kept while they stay the same (a client that is
+        """An admin client on the running brokers, kept while they stay the same (a client that is
         dropped while a request of it is pending never completes that request)."""
         from confluent_kafka.admin import AdminClient
 
-        live = ",".join(self.nodes[i].bootstrap for i in self.running()) or self.bootstrap
+        live = self._live() or self.bootstrap
         if self._admin_client is None or self._admin_client[0] != live:
             self._admin_client = (live, AdminClient({"bootstrap.servers": live, "log_level": 0}))
         return self._admin_client[1]
@@ -278,7 +329,7 @@ class LocalCluster:
         ``kafka-metadata-quorum describe --status`` reports it."""
         from localkafka import kafka_tools
 
-        live = ",".join(self.nodes[i].bootstrap for i in self.running())
+        live = self._live()
         res = kafka_tools.run_tool(METADATA_QUORUM, "--bootstrap-server", live, "describe", "--status",
                                    bootstrap=None, version=self.version, timeout=timeout)
         m = re.search(r"^LeaderId:\s+(-?\d+)", res.stdout, re.M)
@@ -323,4 +374,5 @@ class LocalCluster:
         self.stop_all()
 
     def __repr__(self) -> str:
-        return f"LocalCluster(nodes={len(self.nodes)}, bootstrap={self.bootstrap!r}, data_dir='{self.data_dir}')"
+        return (f"LocalCluster(nodes={len(self.broker_ids)}, controllers={self.controllers}, "
+                f"bootstrap={self.bootstrap!r}, data_dir='{self.data_dir}')")

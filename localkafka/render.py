@@ -115,6 +115,10 @@ def render_log4j2() -> str:
     return "\n".join(lines) + "\n"
 
 
+#: ``process.roles`` of a node: both (the default), a broker only, a controller only.
+COMBINED, BROKER, CONTROLLER = "broker,controller", "broker", "controller"
+
+
 def server_properties(
     *,
     port: int,
@@ -126,25 +130,43 @@ def server_properties(
     extra: Mapping[str, object] | None = None,
     host: str = HOST,
     security: Security | None = None,
+    roles: str = COMBINED,
+    brokers: int | None = None,
 ) -> dict[str, str]:
-    """Settings for a combined broker+controller listening on and advertising ``host``
-    (127.0.0.1 unless told: a simulated host's address in ``testbed/netns.py``).
+    """Settings for a KRaft node listening on and advertising ``host`` (127.0.0.1 unless told: a
+    simulated host's address in ``testbed/netns.py``): by default a combined broker+controller.
 
-    ``voters`` is KRaft's ``controller.quorum.voters`` of every node of the cluster
+    ``roles``: ``process.roles``, ``COMBINED``, ``BROKER`` (a broker-only node: its PLAINTEXT
+    listener, no controller listener; its id is not a voter) or ``CONTROLLER`` (a controller-only
+    node: its CONTROLLER listener alone, nothing advertised, no ``inter.broker.listener.name``, as
+    Kafka requires of one; ``port`` unused).
+    ``voters`` is KRaft's ``controller.quorum.voters`` of the cluster's controllers
     (``id@host:controller_port,...``); None: this node alone. The internal topics' replication
     (consumer offsets, transaction state) and the topic defaults (``default.replication.factor``,
-    ``min.insync.replicas``) follow the number of voters: ``min(3, N)`` copies, and 2 of them
-    in sync when there are 2 or more (a single node keeps Kafka's defaults).
+    ``min.insync.replicas``) follow the number of ``brokers`` (None: of voters, every node then
+    being both): ``min(3, N)`` copies, and 2 of them in sync when there are 2 or more (a single
+    node keeps Kafka's defaults). Controllers get them too: in KRaft the controller creates a
+    topic, with its own defaults.
 
     ``security``: TLS and SASL listeners beside the PLAINTEXT one (``localkafka.security``),
     appended to the listeners; ``extra`` is applied last and wins over everything."""
+    if roles not in (COMBINED, BROKER, CONTROLLER):
+        raise BrokerError(f"process.roles {roles!r}: expected {COMBINED!r}, {BROKER!r} or {CONTROLLER!r}")
+    if voters is None and roles == BROKER:
+        raise BrokerError("a broker-only node needs the voters of its controllers")
     voters = voters or f"{node_id}@{host}:{controller_port}"
-    copies = cluster_replication(len(quorum_nodes(voters)))
+    voter_ids = [i for i, _, _ in quorum_nodes(voters)]
+    if (node_id in voter_ids) != (roles != BROKER):
+        raise BrokerError(f"node {node_id} ({roles}) {'is' if node_id in voter_ids else 'is not'} among the "
+                          f"voters {voters}: a controller must be, a broker-only node must not")
+    copies = cluster_replication(brokers if brokers is not None else len(voter_ids))
+    listeners = {COMBINED: f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}",
+                 BROKER: f"PLAINTEXT://{host}:{port}", CONTROLLER: f"CONTROLLER://{host}:{controller_port}"}
     props: dict[str, object] = {
-        "process.roles": "broker,controller",
+        "process.roles": roles,
         "node.id": node_id,
         "controller.quorum.voters": voters,
-        "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}",
+        "listeners": listeners[roles],
         "advertised.listeners": f"PLAINTEXT://{host}:{port}",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
@@ -177,6 +199,11 @@ def server_properties(
     if major_version(version) >= 4:
         props["share.coordinator.state.topic.replication.factor"] = copies.factor
         props["share.coordinator.state.topic.min.isr"] = copies.min_insync
+    if roles == CONTROLLER:  # Kafka refuses a controller that advertises or names a broker listener
+        del props["advertised.listeners"], props["inter.broker.listener.name"]
+        props["listener.security.protocol.map"] = "CONTROLLER:PLAINTEXT"
+        if security:
+            raise BrokerError("TLS and SASL listeners are a broker's: a controller-only node takes no security")
     for key, value in security_properties(security, host).items() if security else ():
         if key.startswith("+"):  # appended to the PLAINTEXT listener's entry
             key = key[1:]

@@ -389,3 +389,59 @@ def test_stdlib_cli_starts_a_ready_broker_and_stops_it(tmp_path):
     status = json.loads(cli("status").stdout)
     assert not status["running"] and not status["ready"]
     assert not probe("127.0.0.1", port, timeout=2)["ready"]
+
+
+def test_server_properties_of_dedicated_broker_and_controller_nodes():
+    """A broker-only node listens and advertises PLAINTEXT alone; a controller-only one its
+    CONTROLLER listener alone, with nothing advertised (Kafka refuses otherwise); both take the
+    replication defaults of the cluster's brokers, not of its voters."""
+    from localkafka.paths import BrokerError
+    from localkafka.render import BROKER, CONTROLLER
+
+    voters = "4@127.0.0.1:9099"
+    broker = server_properties(port=9092, controller_port=9093, log_dir="/x", node_id=1, voters=voters,
+                               roles=BROKER, brokers=3)
+    assert broker["process.roles"] == "broker"
+    assert broker["listeners"] == broker["advertised.listeners"] == "PLAINTEXT://127.0.0.1:9092"
+    assert broker["controller.quorum.voters"] == voters and broker["controller.listener.names"] == "CONTROLLER"
+    controller = server_properties(port=9099, controller_port=9099, log_dir="/x", node_id=4, voters=voters,
+                                   roles=CONTROLLER, brokers=3)
+    assert controller["process.roles"] == "controller"
+    assert controller["listeners"] == "CONTROLLER://127.0.0.1:9099"
+    assert "advertised.listeners" not in controller and "inter.broker.listener.name" not in controller
+    assert controller["listener.security.protocol.map"] == "CONTROLLER:PLAINTEXT"
+    for props in (broker, controller):  # one voter, three brokers: the brokers' count rules
+        assert (props["default.replication.factor"], props["min.insync.replicas"]) == ("3", "2")
+        assert props["offsets.topic.replication.factor"] == props["transaction.state.log.replication.factor"] == "3"
+    with pytest.raises(BrokerError, match="must be"):  # a broker among the voters, a controller not
+        server_properties(port=1, controller_port=2, log_dir="/x", node_id=4, voters=voters, roles=BROKER)
+    with pytest.raises(BrokerError, match="must be"):
+        server_properties(port=1, controller_port=2, log_dir="/x", node_id=1, voters=voters, roles=CONTROLLER)
+
+
+def test_cluster_with_dedicated_controllers_layout(tmp_path):
+    """``LocalCluster(3, controllers=1)``: brokers 1-3 on the usual pairs, controller 4 after them,
+    the only voter; the bootstrap names the brokers alone; ``cluster.json`` brings it back."""
+    from localkafka.cluster import LocalCluster
+    from localkafka.paths import BrokerError
+
+    c = LocalCluster(3, controllers=1, port=30000, data_dir=tmp_path, quiet=True)
+    assert (c.broker_ids, c.controller_ids) == ([1, 2, 3], [4])
+    assert c.voters == "4@127.0.0.1:30006"
+    assert c.bootstrap == "127.0.0.1:30000,127.0.0.1:30002,127.0.0.1:30004"
+    assert [c.node(i).roles for i in (1, 2, 3, 4)] == ["broker"] * 3 + ["controller"]
+    assert not c.node(4).is_broker and c.node(4).address == "127.0.0.1:30006"
+    props = c.node(4).write_properties().read_text()
+    assert "process.roles=controller\n" in props and "default.replication.factor=3\n" in props
+    again = LocalCluster.open(tmp_path, quiet=True)
+    assert (again.controller_ids, again.cluster_id) == ([4], c.cluster_id)
+    with pytest.raises(BrokerError, match="another cluster"):  # the same dir, combined: refused
+        LocalCluster(3, port=30000, data_dir=tmp_path, quiet=True)
+    combined = LocalCluster(3, port=31000, data_dir=tmp_path / "combined", quiet=True)
+    assert combined.controller_ids == combined.broker_ids == [1, 2, 3]
+    assert "controllers" not in (tmp_path / "combined" / "cluster.json").read_text()
+
+
+def test_cli_controllers_need_nodes(tmp_path, capsys):
+    assert main(["start", "--controllers", "1", "--port", "30100", "--data-dir", str(tmp_path)]) == 1
+    assert "--controllers K goes with --nodes N" in capsys.readouterr().err
