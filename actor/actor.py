@@ -28,11 +28,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from actor.backoff import DeliveryBackoff
 from actor.envs import NonFiniteEnvError
 from actor.flow import Flow
 from actor.policy_client import PolicySubscriber
 from actor.rollout import Rollout
 from schemas.events import SampleBatch
+from streams.bus.kafka.produce_errors import PRODUCE_ERRORS
 from streams.events import EventBus
 from streams.topics import SAMPLES_RAW
 
@@ -115,12 +117,13 @@ class ActorConfig:
 
 class Actor:
     """``rollout``: where the envs run (``actor.rollout``; default: a ``Rollout`` in this process
-    over ``env``, or a new vector env)."""
+    over ``env``, or a new vector env); ``backoff``: its waits for acknowledgements
+    (``actor.backoff``; its process's harness observes them)."""
 
     def __init__(self, config: ActorConfig, subscriber: PolicySubscriber, events: EventBus,
                  on_batch: Callable[[SampleBatch, float], None] | None = None,
                  on_reject: Callable[[NonFiniteEnvError], None] | None = None,
-                 env=None, flow: Flow | None = None, rollout=None) -> None:
+                 env=None, flow: Flow | None = None, rollout=None, backoff: DeliveryBackoff | None = None) -> None:
         self.config = config
         self.flow = flow
         self.subscriber = subscriber
@@ -131,6 +134,7 @@ class Actor:
         self.spec = self.rollout.spec
         self.seq = 0
         self.acks = Acknowledgements()
+        self.backoff = backoff or DeliveryBackoff()
         self.rejected = 0
         self._consecutive_rejects = 0
         self.steps = 0
@@ -216,7 +220,8 @@ class Actor:
     def summary(self) -> dict:
         """What this actor did (the role protocol's summary)."""
         return {"role": "actor", "actor_id": self.config.actor_id, "steps": self.steps, "seq": self.seq,
-                **self.acks.summary(),
+                **self.acks.summary(), "backoff": self.backoff.stats(),
+                "produce_errors": PRODUCE_ERRORS.counts(),  # this process's, by code
                 "rejected_fragments": self.rejected, "policy_versions_adopted": self.subscriber.adopted,
                 "cut_fragments": self.cut_fragments, "inflight_swaps": self.inflight_swaps,
                 "policy_latency_parts_ms": getattr(self.subscriber, "parts_ms", dict)(),

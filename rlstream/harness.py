@@ -89,6 +89,7 @@ class RoleProcess:
                  state: bool = False, timeline: bool = False, gpu: bool = False, defer_batches: bool = False,
                  flush: Any = None) -> None:
         self.cfg, self.name, self.log, self.health, self.flush = cfg, name, log, health, flush
+        self.on_flush: Callable[[float], None] | None = None  # told each round's flush time (wiring.add_actor)
         self.progress = Progress(total_steps=total_steps, log_every_s=cfg.run.log_every_s, log=log,
                                  state_path=RunDir(cfg.run.run_dir).state_file(name) if state else None,
                                  record_timeline=timeline)
@@ -171,7 +172,10 @@ class RoleProcess:
             count, batch = self._deferred.pop(0)
             count(batch)
         if self.flush is not None:
+            began = time.monotonic()
             self.flush.flush()
+            if self.on_flush is not None:
+                self.on_flush(time.monotonic() - began)
         if self.health is not None:
             self.health.heartbeat("loop")
         self.progress.maybe_log()

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from actor.actor import Actor, ActorConfig
+from actor.backoff import DeliveryBackoff
 from actor.envs import NonFiniteEnvError, env_dims
 from actor.identity import actor_seed
 from actor.policy_client import PolicySubscriber
@@ -26,6 +27,7 @@ from learner.replay import ReplayCache, ReplayConfig
 from runtime.metrics import Metrics
 from schemas.events import SampleBatch
 from streams.bus import Bus, in_namespace, kafka_bus, open_bus
+from streams.bus.kafka.produce_errors import PRODUCE_ERRORS
 from streams.events import EventBus, event_bus, schema_codec
 from streams.policies import BlobStore, open_blob_store
 from streams.settings import EFFECTIVE_CONFIG_FILE, StreamsSettings
@@ -37,7 +39,14 @@ if TYPE_CHECKING:
 
 # Infrastructure of one setting comes from its own package; the roles below are assembled here.
 build_bus = open_bus
-build_events = event_bus
+
+
+def build_events(bus: Bus, metrics: Metrics | None = None, publish_schemas: bool = True) -> EventBus:
+    """``event_bus``; the broker's produce errors of this process counted in ``metrics``
+    (``rlstream_produce_errors_total``)."""
+    if metrics is not None:
+        PRODUCE_ERRORS.listen(metrics.count_produce_error)
+    return event_bus(bus, metrics, publish_schemas=publish_schemas)
 
 
 def build_blob_store(cfg: TrainConfig):
@@ -172,7 +181,9 @@ def build_actor(cfg: TrainConfig, events: EventBus, metrics: Metrics | None, ind
     acfg = actor_config(cfg, actor_id, index)
     # --actor.overlap: the envs in a child process, so collection runs beside the learner's update
     rollout = RolloutProcess(acfg) if cfg.actor.overlap else None
-    return Actor(acfg, sub, events, on_batch=batch_hook, on_reject=on_reject, flow=flow, rollout=rollout)
+    backoff = DeliveryBackoff(on_backoff=metrics.observe_backoff if metrics is not None else None)
+    return Actor(acfg, sub, events, on_batch=batch_hook, on_reject=on_reject, flow=flow, rollout=rollout,
+                 backoff=backoff)
 
 
 def actor_config(cfg: TrainConfig, actor_id: str, index: int) -> ActorConfig:
@@ -359,6 +370,10 @@ def add_actor(proc: RoleProcess, cfg: TrainConfig, events: EventBus, metrics: Me
     name = name or f"actor-{index}"
     actor = build_actor(cfg, events, metrics, index, on_batch=proc.batch_hook(board or name, lag), log=proc.log,
                         flow=flow, on_latency=proc.latencies, actor_id=name)
+    if proc.flush is not None:  # a decoupled actor's process: it waits in each round's flush (actor.backoff)
+        proc.on_flush = actor.backoff.observe
+        if metrics is not None:
+            metrics.watch_unacknowledged(lambda: len(actor.acks.pending))
     return proc.add(name, actor)
 
 

@@ -51,6 +51,10 @@ rlstream_policy_version                    gauge
 rlstream_circuit_breaker_state             gauge
 rlstream_circuit_breaker_trips_total       counter
 rlstream_snapshot_failures_total           counter    error
+rlstream_produce_errors_total              counter    code
+rlstream_actor_backoffs_total              counter
+rlstream_actor_backoff_seconds_total       counter
+rlstream_unacknowledged_batches            gauge
 rlstream_gpu_available                     gauge      reason   (always: 1 ok; 0 no_gpu, no_nvml, off)
 rlstream_gpu_utilization_ratio             gauge      device   (GPU + pynvml only)
 rlstream_gpu_memory_allocated_bytes        gauge      device   (GPU only)
@@ -255,6 +259,19 @@ class Metrics:
     def count_snapshot_failure(self, error: str) -> None:
         """A snapshot save failed with ``error`` (the error's class name)."""
         self._s.snapshot_failures.labels(role=self.role, error=error).inc()
+
+    def count_produce_error(self, code: str) -> None:
+        """The broker answered a produce request with error ``code`` (its name: NOT_ENOUGH_REPLICAS)."""
+        self._s.produce_errors.labels(role=self.role, code=code).inc()
+
+    def observe_backoff(self, seconds: float) -> None:
+        """The actor waited ``seconds`` for its batches to be acknowledged before its next step."""
+        self._s.actor_backoffs.labels(role=self.role).inc()
+        self._s.actor_backoff_seconds.labels(role=self.role).inc(max(0.0, seconds))
+
+    def watch_unacknowledged(self, count: Callable[[], float]) -> None:
+        """``rlstream_unacknowledged_batches`` reads ``count()`` at scrape time."""
+        self._s.unacknowledged.labels(role=self.role).set_function(count)
 
     def count_circuit_breaker_trip(self) -> None:
         self._s.breaker_trips.labels(role=self.role).inc()

@@ -93,6 +93,10 @@ METRIC_NAMES: tuple[str, ...] = (
     "rlstream_circuit_breaker_state",
     "rlstream_circuit_breaker_trips_total",
     "rlstream_snapshot_failures_total",
+    "rlstream_produce_errors_total",
+    "rlstream_actor_backoffs_total",
+    "rlstream_actor_backoff_seconds_total",
+    "rlstream_unacknowledged_batches",
     "rlstream_gpu_available",
     *_GPU_NAMES,
 )
@@ -308,6 +312,30 @@ class _Shared:
             "Learner snapshot saves that failed (store down, disk full, timeout), by the error's class; "
             "training went on and the save is retried.",
             R + ["error"], namespace=NAMESPACE, registry=r,
+        )
+        self.produce_errors = Counter(
+            "produce_errors",
+            "Produce requests the broker answered with an error, by its code (NOT_ENOUGH_REPLICAS below "
+            "min.insync.replicas, REQUEST_TIMED_OUT, NOT_LEADER_FOR_PARTITION, ...); the producer retries "
+            "them until they are delivered or time out.",
+            R + ["code"], namespace=NAMESPACE, registry=r,
+        )
+        self.actor_backoffs = Counter(
+            "actor_backoffs",
+            "Rounds whose flush outlasted 1 s: the actor waited for the broker to acknowledge its batches "
+            "(a broker down, below min.insync.replicas) and took no step meanwhile.",
+            R, namespace=NAMESPACE, registry=r,
+        )
+        self.actor_backoff_seconds = Counter(
+            "actor_backoff_seconds",
+            "Seconds of those waits (rlstream_actor_backoffs_total).",
+            R, namespace=NAMESPACE, registry=r,
+        )
+        self.unacknowledged = Gauge(
+            "unacknowledged_batches",
+            "Batches the actor published that the broker has not acknowledged yet (at most one round's: "
+            "the actor waits for them before its next step).",
+            R, namespace=NAMESPACE, registry=r,
         )
         self.gpu_available = Gauge(
             "gpu_available",

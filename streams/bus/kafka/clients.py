@@ -21,6 +21,7 @@ from config.limits import DEFAULT_BOOTSTRAP, MAX_MESSAGE_BYTES
 
 from streams.bus.base import BusAuthenticationError, BusError
 from streams.bus.kafka.errors import ERRORS, NoBrokerError
+from streams.bus.kafka.produce_errors import PRODUCE_DEBUG, PRODUCE_ERRORS
 
 log = logging.getLogger("streams.bus.kafka")  # the whole Kafka bus logs under one name
 _rdlog = logging.getLogger("rlstream.librdkafka")  # librdkafka's own log lines, not stderr
@@ -33,6 +34,7 @@ class _RdLogger:
 
     def log(self, level: int, fmt: str, *args: Any) -> None:
         fac, text = (args[0], args[-1]) if len(args) >= 3 else ("", fmt % args if args else fmt)
+        PRODUCE_ERRORS.note(fac, str(text))  # a produce request's error code, counted by name
         if level < logging.WARNING or _says_refused(str(text)):  # a refusal: check_auth says it, once
             _rdlog.log(logging.DEBUG if level >= logging.WARNING else level, fmt, *args)
             return
@@ -56,6 +58,7 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "queue.buffering.max.messages": 200000,
     "message.max.bytes": MAX_MESSAGE_BYTES,
     "delivery.report.only.error": False,  # a record's on_delivery hears of its acknowledgement too
+    "debug": PRODUCE_DEBUG,  # the only report of the produce errors librdkafka retries (produce_errors.py)
 }
 
 CONSUMER_DEFAULTS: dict[str, Any] = {
