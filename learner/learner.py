@@ -64,7 +64,7 @@ from learner.snapshots.schedule import SnapshotSchedule, newest_timed_ms
 from learner.ranks import Ranks
 from schemas.errors import CodecError
 from schemas.events import PreparedBatch, now_ms
-from streams.bus.base import BusError
+from streams.bus.base import BusError, WriterFencedError
 from streams.events import EventBus
 from streams.policies import (
     BlobStore,
@@ -125,6 +125,7 @@ class Learner:
         self._snapshot_failure_logged = -SNAPSHOT_RETRY_S  # monotonic time of the last failure line
         self._snapshot_failures_unlogged = 0
         self.schedule: SnapshotSchedule | None = None
+        self.fenced = False  # a newer learner of this identity took over (``WriterFencedError``)
 
     stats = property(lambda self: self.core.stats)
     version = property(lambda self: self.core.version, lambda self, v: setattr(self.core, "version", v))
@@ -351,10 +352,14 @@ class Learner:
             self._release(f)
         self._offsets = self.consumer.ledger.offsets()
         t_pub = time.perf_counter()
-        self._publish_version(upd.to_version, parent=upd.from_version, metrics=upd.metrics)
-        if self.ranks.publisher:
-            self.events.publish(LEARNER_STEPS, upd.step(now_ms()), key=self.config.learner_id)
-            self.events.flush()
+        try:  # the version and its step: one flush (on Kafka one transaction, both or neither)
+            self._publish_version(upd.to_version, parent=upd.from_version, metrics=upd.metrics, flush=False)
+            if self.ranks.publisher:
+                self.events.publish(LEARNER_STEPS, upd.step(now_ms()), key=self.config.learner_id)
+                self.events.flush()
+        except WriterFencedError:
+            self.fenced = True  # a newer learner of this identity runs: nothing more of ours is written
+            raise
         self.core.timing.add("publish", time.perf_counter() - t_pub)
         self.consumer.commit(offsets=self._offsets)
         if self.schedule is not None:
@@ -390,7 +395,8 @@ class Learner:
         self._publish_version(version, parent, metrics)
         return version
 
-    def _publish_version(self, version: int, parent: int | None, metrics: dict[str, float] | None = None) -> None:
+    def _publish_version(self, version: int, parent: int | None, metrics: dict[str, float] | None = None,
+                         flush: bool = True) -> None:
         if not self.ranks.publisher:  # one writer per group: rank 0 (or the only learner)
             return
         pv = make_policy_version(
@@ -400,7 +406,7 @@ class Learner:
             claim_check_above=self.config.claim_check_above,
         )
         pv = stamp(pv, self.algo, self.config.run_id, self.config.fork_of, self.config.train_batch_size)
-        publish_policy_version(self.events, pv)
+        publish_policy_version(self.events, pv, flush=flush)
 
     def snapshot(self, timed: bool | None = None) -> None:
         """Save the state; with ranks, a collective: rank 0 saves every rank's offsets and ids.
@@ -486,7 +492,7 @@ class Learner:
                 "holds": self.stats.policy_lag_holds, "overrides": self.stats.policy_lag_overrides}
 
     def close(self) -> None:
-        if self._snapshot_due and self.ranks.world == 1:  # (ranks: a collective; each caller's
+        if self._snapshot_due and self.ranks.world == 1 and not self.fenced:  # (fenced: the store is the newer one's)  # (ranks: a collective; each caller's
             self.snapshot()                                 # final snapshot covers it)
         if self.consumer is not None:
             self.consumer.close()

@@ -316,6 +316,7 @@ def cmd_role(a: argparse.Namespace) -> int:
     from runtime.metrics import Metrics
 
     from learner import distributed
+    from streams.bus.base import WriterFencedError
 
     env: Environment = a.env
     config = a.config or env.config_path
@@ -357,6 +358,12 @@ def cmd_role(a: argparse.Namespace) -> int:
     except distributed.PeerLost as e:
         log.error("peer_lost", error=str(e), note="the group stops; a restart resumes from its last snapshot")
         return distributed.EXIT_PEER_LOST
+    except WriterFencedError as e:
+        from streams.bus.base import EXIT_FENCED
+
+        log.error("learner_fenced", error=str(e), exit_code=EXIT_FENCED,
+                  note="another learner of this run and rank has taken over; this one stops and is not restarted")
+        return EXIT_FENCED
     finally:
         if server is not None:
             server.stop()

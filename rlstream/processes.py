@@ -86,11 +86,13 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
     metrics = metrics or Metrics(role="learner")
     cfg = wiring.rank_config(cfg, rank)
     check_redis(cfg.snapshot_url(), cfg.deploy.redis_url, unreachable_ok=True)  # a wrong password: one line, exit 2
-    bus = wiring.build_bus(cfg.bus)
+    # the learner's writes are transactions of its identity (group, policy, rank): a restarted
+    # learner fences the one before it, whose late writes the broker then refuses (docs/explanation/guarantees.md)
+    bus = wiring.build_bus(cfg.bus, writer=f"{cfg.bus.learner_group}.{cfg.run.policy_id}.rank{rank.rank}")
     events = wiring.build_events(bus, metrics)
     # the learner is the role that holds the GPU
     proc = RoleProcess(cfg, role, total_steps=cfg.run.total_steps, log=log, health=health, state=True, gpu=True)
-    proc.on_close(lambda: (bus.flush(), bus.close()))
+    proc.on_close(bus.close)  # (flushes, except where a newer learner fenced this one)
 
     def idle() -> dict[str, Any]:  # a learner without data for long is the sign of a stalled run
         proc.gpu.sample()

@@ -19,6 +19,7 @@ from config.env import (
     ENV_PROCESS,
 )
 from runtime.ports import LIVENESS_PROBE, STARTUP_PROBE, Probe
+from streams.bus.base import EXIT_FENCED
 
 
 class ChildExited(RuntimeError):
@@ -186,6 +187,9 @@ class Supervisor:
             if code is None or name in self.pending or (code == 0 and name in done_ok and killed is None):
                 continue
             reason = killed or f"exited with code {code}"
+            if code == EXIT_FENCED and killed is None:  # a restart would fence the newer learner in turn
+                raise ChildExited(name, code, self.log_path(name),
+                                  note="(fenced: another learner of this run and rank took over) not restarted")
             n = self.restarts.get(name, 0) + 1
             if n > self.max_restarts:
                 raise ChildExited(name, code, self.log_path(name),

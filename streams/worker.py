@@ -107,8 +107,9 @@ class PrepareWorker:
             for rec in recs:
                 n += 1
                 self._deliver(self.core.on_policy(rec))
-                if self._catchup.get(rec.partition, 0) <= rec.offset + 1:
-                    self._catchup.pop(rec.partition, None)
+        for p in list(self._catchup):  # the read position, which also passes transaction markers
+            if self._catchup[p] <= (self.policies.raw.position(POLICY_VERSIONS, p) or 0):
+                self._catchup.pop(p)
         return n
 
     def _deliver(self, sends: list[Send]) -> int:

@@ -23,11 +23,13 @@ def make_bus(kind: str = "memory", **options) -> Bus:
     raise ValueError(f"unknown bus {kind!r}: use 'memory' or 'kafka'")
 
 
-def kafka_bus(cfg: BusConfig, client_id: str = "rlstream") -> Bus:
+def kafka_bus(cfg: BusConfig, client_id: str = "rlstream", transactional_id: str | None = None) -> Bus:
     """A Kafka bus on ``cfg``'s brokers with its client security settings and the replication of
-    the topics it creates (not namespaced)."""
+    the topics it creates (not namespaced); ``transactional_id``: its writes are transactions of
+    that identity (``KafkaBus``)."""
+    extra = {"transactional_id": transactional_id} if transactional_id else {}
     return make_bus("kafka", bootstrap=cfg.bootstrap, config=dict(cfg.security), client_id=client_id,
-                    **cfg.replication.bus_options())
+                    **cfg.replication.bus_options(), **extra)
 
 
 def in_namespace(bus: Bus, namespace: str) -> Bus:
@@ -42,15 +44,23 @@ def in_namespace(bus: Bus, namespace: str) -> Bus:
     return NamespacedBus(bus, ns)
 
 
-def open_bus(cfg: BusConfig) -> Bus:
-    """The bus of ``cfg`` in its namespace (roles use logical topic names), every topic created."""
+def writer_id(namespace: str, writer: str) -> str:
+    """The Kafka ``transactional.id`` of ``writer`` in run namespace ``namespace``."""
+    return f"rlstream.{namespace or '-'}.{writer}"
+
+
+def open_bus(cfg: BusConfig, writer: str | None = None) -> Bus:
+    """The bus of ``cfg`` in its namespace (roles use logical topic names), every topic created.
+    ``writer``: a stable identity of the one writer it stands for (the learner's run and rank):
+    on Kafka its writes are transactions under that identity, so a newer writer of it fences
+    this one; the memory bus has a single process and needs no fence."""
     from streams.topics import all_topics
 
     specs = all_topics(cfg.partitions, cfg.retention)  # refuses a retention of an unknown topic
     if cfg.kind == "memory":
         bus = make_bus("memory", path=cfg.log_dir)
     elif cfg.kind == "kafka":
-        bus = kafka_bus(cfg)
+        bus = kafka_bus(cfg, transactional_id=None if writer is None else writer_id(cfg.namespace, writer))
     else:
         raise ValueError(f"unknown bus {cfg.kind!r}")
     bus = in_namespace(bus, cfg.namespace)

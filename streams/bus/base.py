@@ -47,6 +47,15 @@ class IncompleteReadError(BusError):
         self.topic, self.partition, self.expected_end, self.reached = topic, partition, expected_end, reached
 
 
+class WriterFencedError(BusError):
+    """A newer writer of the same transactional identity (a restarted learner) has taken over:
+    the broker refuses this one's writes for good. Stop; a retry would fence the newer one."""
+
+
+#: The exit status of a process stopped by ``WriterFencedError``: not restarted (the supervisor).
+EXIT_FENCED = 4
+
+
 class RecordTooLargeError(BusError):
     """A record exceeds the configured maximum message size."""
 
@@ -123,6 +132,11 @@ class Consumer(ABC):
     @abstractmethod
     def assignment(self) -> list[TP]:
         ...
+
+    def position(self, topic: str, partition: int) -> int | None:
+        """The offset the next read of ``topic[partition]`` starts from (None: not known). On a
+        log with transaction markers it moves past the markers, which no poll returns."""
+        return None
 
     @abstractmethod
     def lag(self) -> dict[TP, int]:
@@ -222,8 +236,10 @@ class Bus(ABC):
                     if r.partition in pending and r.offset < pending[r.partition]:
                         yield r
                         reached[r.partition] = r.offset + 1
-                        if r.offset + 1 >= pending[r.partition]:
-                            del pending[r.partition]
+                for p in list(pending):  # the position also passes transaction markers
+                    reached[p] = max(reached[p], c.position(topic, p) or 0)
+                    if reached[p] >= pending[p]:
+                        del pending[p]
                 if not recs and time.monotonic() > deadline:
                     p = min(pending)
                     raise IncompleteReadError(topic, p, pending[p], reached[p], timeout)

@@ -326,6 +326,10 @@ class MemoryConsumer(Consumer):
         with self.bus._cond:
             return sorted(self._positions)
 
+    def position(self, topic: str, partition: int) -> int | None:
+        with self.bus._cond:
+            return self._positions.get((topic, partition))
+
     def lag(self) -> dict[TP, int]:
         with self.bus._cond:
             return {tp: self.bus._topics[tp[0]][tp[1]].end - pos for tp, pos in self._positions.items()}

@@ -47,6 +47,9 @@ class NamespacedConsumer(Consumer):
     def assignment(self) -> list[TP]:
         return [(self.ns.logical(t), p) for t, p in self.inner.assignment()]
 
+    def position(self, topic: str, partition: int) -> int | None:
+        return self.inner.position(self.ns.topic(topic), partition)
+
     def lag(self) -> dict[TP, int]:
         return self._out(self.inner.lag())
 

@@ -225,6 +225,7 @@ class StreamsApp:
         return AIOKafkaConsumer(
             bootstrap_servers=[u.split("://", 1)[-1] for u in broker_urls(self.settings.brokers)],
             group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+            isolation_level="read_committed",  # aiokafka's default is read_uncommitted: a fenced learner's write
             client_id=f"{self.settings.app_id}-policies", max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
             fetch_max_bytes=4 * MAX_MESSAGE_BYTES, fetch_max_wait_ms=100,
             **({"metadata_max_age_ms": METADATA_MAX_AGE_MS} if self.settings.replication.replicated else {}),
@@ -292,8 +293,9 @@ class StreamsApp:
                 for tp, msgs in batches.items():
                     for msg in msgs:
                         await self.on_policy_message(msg)
-                        if tp.partition in pending and msg.offset + 1 >= pending[tp.partition]:
-                            del pending[tp.partition]
+                for p in list(pending):  # the position, which passes transaction markers too
+                    if await consumer.position(TopicPartition(topic, p)) >= pending[p]:
+                        del pending[p]
         finally:
             ready.set()
             await consumer.stop()

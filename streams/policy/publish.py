@@ -50,10 +50,13 @@ def make_policy_version(
     )
 
 
-def publish_policy_version(events: Any, pv: PolicyVersion) -> None:
-    """Put ``pv`` on rl.policy.versions (key: policy_id) with the publish-time header, and flush."""
+def publish_policy_version(events: Any, pv: PolicyVersion, flush: bool = True) -> None:
+    """Put ``pv`` on rl.policy.versions (key: policy_id) with the publish-time header, and flush
+    (``flush=False``: the caller's next flush does, with what it writes meanwhile: on a
+    transactional bus, one transaction)."""
     events.bus.produce(
         POLICY_VERSIONS, events.codec.encode(pv), key=pv.policy_id.encode(),
         headers={**events.codec.headers_for(pv), PUBLISHED_NS_HEADER: str(time.time_ns()).encode()},
     )
-    events.flush()
+    if flush:
+        events.flush()

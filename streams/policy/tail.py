@@ -37,7 +37,9 @@ def _read_range(bus: Any, topic: str, partition: int, start: int, stop: int, end
                 if r.offset >= start and r.offset < stop:
                     out.append(r)
                 reached = max(reached, r.offset + 1)
-            if recs:
+            moved = (c.position(topic, partition) or 0) > reached  # past transaction markers
+            reached = max(reached, c.position(topic, partition) or 0)
+            if recs or moved:
                 deadline = time.monotonic() + timeout
             elif reached < stop and time.monotonic() >= deadline:
                 if _gone_below(bus, topic, partition, reached, stop):
@@ -58,6 +60,15 @@ def _gone_below(bus: Any, topic: str, partition: int, reached: int, stop: int) -
         return False
 
 
+def _log_start(bus: Any, topic: str, partition: int) -> int:
+    """The partition's log start, or 0 where the bus cannot say (the reads then find out)."""
+    log_start = getattr(bus, "log_start", None)
+    try:
+        return log_start(topic, partition) if log_start is not None else 0
+    except BusError:
+        return 0
+
+
 def tail_offsets(bus: Any, topic: str, matches: Callable[[Record], bool], timeout: float = 10.0,
                  count: int = 1, ends: dict[int, int] | None = None) -> dict[tuple[str, int], int]:
     """Per partition, the offset of the ``count``-th newest record for which ``matches`` holds
@@ -69,13 +80,14 @@ def tail_offsets(bus: Any, topic: str, matches: Callable[[Record], bool], timeou
     out: dict[tuple[str, int], int] = {}
     for p, end in ends.items():
         hits: list[int] = []
+        # down to the log start (retention), not to the first empty window: a window may hold
+        # only transaction markers, which take offsets and are never read
+        low = _log_start(bus, topic, p) if end > 0 else 0
         stop, window = end, max(1, count)
-        while stop > 0 and len(hits) < count:
-            start = max(0, stop - window)
+        while stop > low and len(hits) < count:
+            start = max(low, stop - window)
             recs = _read_range(bus, topic, p, start, stop, ends, timeout)
             hits.extend(sorted((r.offset for r in recs if matches(r)), reverse=True))
-            if start == 0 or not recs:  # the whole range read and empty: retention took what is older
-                break
             stop, window = start, window * 4
         out[(topic, p)] = hits[:count][-1] if hits else end
     return out

@@ -156,3 +156,22 @@ def test_without_probes_or_before_a_first_answer_nothing_is_killed(tmp_path):
     finally:
         off.stop(grace_s=0)
         on.stop(grace_s=0)
+
+
+def test_a_fenced_learner_is_not_restarted(tmp_path):
+    """A learner that exits ``EXIT_FENCED`` (a newer one of its run and rank took over) stays down,
+    though restarts are left: restarting it would fence the newer learner in turn."""
+    import pytest
+
+    from rlstream.supervisor import ChildExited
+    from streams.bus.base import EXIT_FENCED
+
+    sup = Supervisor(dict(os.environ), tmp_path, max_restarts=5)
+    sup.spawn("learner", [sys.executable, "-c", f"raise SystemExit({EXIT_FENCED})"])
+    try:
+        sup.procs["learner"].wait(timeout=30)
+        with pytest.raises(ChildExited, match="fenced"):
+            sup.check(set())
+        assert sup.restarts == {} and not sup.pending
+    finally:
+        sup.stop()

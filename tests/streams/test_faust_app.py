@@ -237,7 +237,7 @@ class FakePolicyConsumer:
 
     def __init__(self, values: list[bytes], beginning: int = 0) -> None:
         self.values, self.beginning = values, beginning
-        self.position: dict = {}
+        self._pos: dict = {}
         self.started = self.stopped = False
 
     async def start(self):
@@ -262,16 +262,19 @@ class FakePolicyConsumer:
         return {tp: self.beginning for tp in tps}
 
     def seek(self, tp, offset):
-        self.position[tp] = offset
+        self._pos[tp] = offset
         self.seeked = offset
+
+    async def position(self, tp):
+        return self._pos.get(tp, 0)
 
     async def getmany(self, timeout_ms=0, max_records=None):
         out = {}
-        for tp, pos in self.position.items():
+        for tp, pos in self._pos.items():
             recs = [policy_msg(o, self.values[o]) for o in range(pos, len(self.values))]
             if recs:
                 out[tp] = recs
-                self.position[tp] = len(self.values)
+                self._pos[tp] = len(self.values)
         if not out:
             await asyncio.sleep(timeout_ms / 1000)
         return out

@@ -20,7 +20,7 @@ from config.env import check_kafka_security
 from config.limits import DEFAULT_BOOTSTRAP, MAX_MESSAGE_BYTES
 
 from streams.bus.base import BusAuthenticationError, BusError
-from streams.bus.kafka.errors import ERRORS, NoBrokerError
+from streams.bus.kafka.errors import ERRORS, NoBrokerError, transaction_call
 from streams.bus.kafka.produce_errors import PRODUCE_DEBUG, PRODUCE_ERRORS
 
 log = logging.getLogger("streams.bus.kafka")  # the whole Kafka bus logs under one name
@@ -72,7 +72,14 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "max.partition.fetch.bytes": MAX_MESSAGE_BYTES,
     "receive.message.max.bytes": 64 * 1024 * 1024 + 1024 * 1024,
     "queued.max.messages.kbytes": 128 * 1024,
+    "isolation.level": "read_committed",  # librdkafka's default, stated: a fenced or aborted write is never read
 }
+
+#: A transactional producer's settings (``transactional_id``). A writer killed inside a
+#: transaction holds back read_committed readers of its partitions until its successor's
+#: ``init_transactions`` aborts it, or this timeout does; a record not delivered within it fails
+#: (and the bus aborts and writes the transaction again).
+TRANSACTION_TIMEOUT_MS = 30_000
 
 #: Every client's settings on a replicated cluster (factor above 1), where a partition's leader
 #: can die while its followers carry on. librdkafka learns of the new leader only from a metadata
@@ -191,13 +198,17 @@ class KafkaClients:
         produce_timeout: float = 30.0,
         outage_wait: float = OUTAGE_WAIT_S,
         min_insync_replicas: int | None = None,
+        transactional_id: str | None = None,
     ) -> None:
         """``replication_factor`` -1 takes the broker's default, and ``min_insync_replicas``
         None the broker's ``min.insync.replicas``, for the topics this bus creates (a topic spec's
         own ``min.insync.replicas`` wins); ``auto_create`` creates a topic
         met in produce/consume that does not exist (its ``streams.topics`` spec, else 1
         partition), as memory does; ``produce_timeout`` bounds waiting on a full local queue;
-        ``outage_wait``: how much longer ``flush`` waits while the broker is unreachable."""
+        ``outage_wait``: how much longer ``flush`` waits while the broker is unreachable;
+        ``transactional_id``: write in transactions under this stable identity (the records of
+        each ``flush`` are one transaction), so a newer producer of that identity fences this one
+        (``KafkaBus`` says how)."""
         self.bootstrap = bootstrap or DEFAULT_BOOTSTRAP
         self.client_id = client_id
         self.auto_create = auto_create
@@ -208,7 +219,10 @@ class KafkaClients:
         self.common = {"bootstrap.servers": self.bootstrap, "client.id": client_id, "logger": _RD_LOGGER,
                        **(REPLICATED_CLIENT_DEFAULTS if replication_factor > 1 else {}), **(config or {})}
         self.consumer_config = {**CONSUMER_DEFAULTS, **self.common, **(consumer_config or {})}
-        pconf = {**PRODUCER_DEFAULTS, **self.common, **(producer_config or {})}
+        self.transactional_id = transactional_id
+        txn = {"transactional.id": transactional_id, "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS} \
+            if transactional_id else {}
+        pconf = {**PRODUCER_DEFAULTS, **self.common, **txn, **(producer_config or {})}
         self.producer_config = dict(pconf)  # effective settings, for reports
         pconf["on_delivery"] = self._on_delivery
         pconf["error_cb"] = self._on_error
@@ -232,6 +246,9 @@ class KafkaClients:
         self._group_readers: dict[str, _RdConsumer] = {}  # group -> committed-offset reader (group_lag)
         self._produced = 0  # records produced since the last flush that delivered them all
         self._closed = False
+        self._txn: list[tuple[str, dict[str, Any], Any]] = []  # the open transaction's records
+        self._txn_open = False
+        self._fenced = False  # a newer producer of ``transactional_id`` took over
 
     # -- clients, made once a broker accepts a connection ----------------------------------
     def _reach(self) -> None:
@@ -256,8 +273,19 @@ class KafkaClients:
             with self._clients_lock:
                 if self._producer_client is None:
                     self._reach()
-                    self._producer_client = _RdProducer(self._pconf)
+                    producer = _RdProducer(self._pconf)
+                    if self.transactional_id:
+                        self._init_transactions(producer)
+                    self._producer_client = producer
         return self._producer_client
+
+    def _init_transactions(self, producer: _RdProducer) -> None:
+        """Register this producer's transactional identity: the broker aborts what an earlier
+        producer of it left open and fences that one for good. Retried through a settling
+        coordinator for ``produce_timeout`` + ``outage_wait`` seconds."""
+        transaction_call(f"init_transactions of {self.transactional_id}", self.transactional_id,
+                         producer.init_transactions, time.monotonic() + self.produce_timeout + self.outage_wait)
+        log.info("kafka producer %s: transactional, epoch registered", self.transactional_id)
 
     @property
     def _admin(self) -> AdminClient:

@@ -278,6 +278,18 @@ class KafkaConsumer(Consumer):
     def assignment(self) -> list[TP]:
         return sorted(self._positions)
 
+    def position(self, topic: str, partition: int) -> int | None:
+        """The next offset to read: past the last record returned, or past the transaction
+        markers after it once librdkafka has fetched them (they are never returned)."""
+        tp = (topic, partition)
+        if tp not in self._positions:
+            return None
+        try:
+            rd = self._c.position([TopicPartition(topic, partition)])[0].offset
+        except KafkaException:
+            rd = -1
+        return max(self._positions[tp], rd)
+
     def lag(self) -> dict[TP, int]:
         return {tp: max(0, self.bus._watermarks(*tp)[1] - pos) for tp, pos in self._positions.items()}
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from streams.bus.base import BusError
+from streams.bus.base import BusError, WriterFencedError
 from streams.topics import describe_namespaces
 
 log = logging.getLogger("streams.bus.kafka")  # the whole Kafka bus logs under one name
@@ -155,6 +155,50 @@ def retrying(what: str, call: Any, timeout: float = REQUEST_TIMEOUT, on_retry: A
         log.debug("%s: %s; retrying", what, err)
         time.sleep(pause)
         pause = min(pause * 2, 0.5)
+
+
+#: A transactional producer's errors that mean a newer producer of its identity has taken over.
+FENCED_WRITER = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+
+
+class AbortableError(BusError):
+    """The open transaction failed but the producer can go on: abort it and write it again."""
+
+
+def fenced(transactional_id: str, err: KafkaError) -> WriterFencedError:
+    return WriterFencedError(
+        f"a newer writer with transactional id {transactional_id!r} has started (a restarted learner of this "
+        f"run and rank): this one is fenced and stops, its unfinished transaction aborted ({err.str()})")
+
+
+def transaction_call(what: str, transactional_id: str, call: Any, deadline: float,
+                     attempt: float | None = None) -> None:
+    """``call(seconds)``, one transaction API call of librdkafka, repeated while it fails
+    retriably and ``deadline`` (``time.monotonic()``) is ahead, each try given at most
+    ``attempt`` seconds (a retry is logged, collapsed). Raises ``WriterFencedError`` when fenced,
+    ``AbortableError`` when the transaction must be aborted, else ``BusError``."""
+    pause = 0.05
+    while True:
+        left = max(0.1, deadline - time.monotonic())
+        try:
+            call(left if attempt is None else min(left, attempt))
+            return
+        except KafkaException as e:
+            err = kafka_error(e)
+            if err is None:
+                raise BusError(f"{what}: {e}") from e
+            if err.code() in FENCED_WRITER:
+                raise fenced(transactional_id, err) from e
+            if err.fatal():
+                raise BusError(f"{what}: fatal producer error: {err.str()}") from e
+            if err.txn_requires_abort():
+                raise AbortableError(f"{what}: {err.str()}") from e
+            if not err.retriable() or time.monotonic() + pause > deadline:
+                raise BusError(f"{what}: {err.str()}") from e
+            ERRORS.error(log, logging.WARNING, f"txn:{err.name()}", f"{what}: {err.str()}; retrying for up to "
+                         f"{max(0.0, deadline - time.monotonic()):.0f}s more", connection=False)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
 
 
 #: What to do about a missing broker, for ``NoBrokerError``.
