@@ -126,6 +126,7 @@ class Learner:
         self._snapshot_failures_unlogged = 0
         self.schedule: SnapshotSchedule | None = None
         self.fenced = False  # a newer learner of this identity took over (``WriterFencedError``)
+        self._dead_letters_flushed = 0  # dead letters written and flushed (``_flush_dead_letters``)
 
     stats = property(lambda self: self.core.stats)
     version = property(lambda self: self.core.version, lambda self, v: setattr(self.core, "version", v))
@@ -297,8 +298,18 @@ class Learner:
             self.stats.policy_lag_overrides += 1
         if ready:
             return self._train()
+        self._flush_dead_letters()
         self._commit_handled()
         return None
+
+    def _flush_dead_letters(self) -> None:
+        """Flush the dead letters written since the last flush before the offsets past them are
+        committed; on Kafka they are a transaction, which must not stay open while the learner
+        waits (past ``transaction.timeout.ms`` the broker aborts it and fences the writer)."""
+        n = sum(self.events.dead_letters.counts.values())
+        if n != self._dead_letters_flushed:
+            self.events.flush()
+            self._dead_letters_flushed = n
 
     def _take(self, rec: Any, pb: PreparedBatch) -> None:
         """Buffer one polled record for the next update (held in the consumer's ledger), or skip
@@ -356,7 +367,8 @@ class Learner:
             self._publish_version(upd.to_version, parent=upd.from_version, metrics=upd.metrics, flush=False)
             if self.ranks.publisher:
                 self.events.publish(LEARNER_STEPS, upd.step(now_ms()), key=self.config.learner_id)
-                self.events.flush()
+            self.events.flush()  # (with the dead letters written since the last one)
+            self._dead_letters_flushed = sum(self.events.dead_letters.counts.values())
         except WriterFencedError:
             self.fenced = True  # a newer learner of this identity runs: nothing more of ours is written
             raise

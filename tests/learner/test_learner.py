@@ -316,3 +316,26 @@ def test_a_due_snapshot_waits_for_the_next_step_so_readers_of_the_version_do_not
     assert meta["offsets"] == [[SAMPLES_PREPARED, 0, 1]] and meta["updates"] == 1
     lr.close()  # a due snapshot is not lost when the learner stops instead of stepping again
     assert store.latest() == 2
+
+
+def test_a_dead_letter_is_flushed_before_the_offset_past_it_is_committed(events, tmp_path):
+    """Between updates the learner flushes what it dead-lettered before it commits past the
+    record: on Kafka that closes the dead letter's transaction, which must not stay open while the
+    learner waits (the broker would abort it and fence the learner)."""
+    said: list[str] = []
+    flush = events.bus.flush
+    events.bus.flush = lambda timeout=30.0: (said.append("flush"), flush(timeout))[1]
+    lr = make(events, open_store(tmp_path))
+    lr.start()
+    c = lr.consumer.raw
+    real_commit = c.commit
+    c.commit = lambda *a, **k: (said.append("commit"), real_commit(*a, **k))[1]
+    p = prepared(0)
+    events.publish(SAMPLES_PREPARED, p, key="actor-0")
+    lr.step(0)  # an update: its own flush, then its commit
+    said.clear()
+    events.publish(SAMPLES_PREPARED, p, key="actor-0")
+    assert lr.step(0) is None and lr.stats.duplicates_skipped == 1
+    assert said == ["flush", "commit"]
+    said.clear()
+    assert lr.step(0) is None and said == []  # nothing new: no flush, no commit

@@ -75,11 +75,12 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "isolation.level": "read_committed",  # librdkafka's default, stated: a fenced or aborted write is never read
 }
 
-#: A transactional producer's settings (``transactional_id``). A writer killed inside a
-#: transaction holds back read_committed readers of its partitions until its successor's
-#: ``init_transactions`` aborts it, or this timeout does; a record not delivered within it fails
-#: (and the bus aborts and writes the transaction again).
-TRANSACTION_TIMEOUT_MS = 30_000
+#: A transactional producer's ``transaction.timeout.ms``. Past it the broker aborts an open
+#: transaction and fences its writer (librdkafka reports ``_FENCED``, as for a newer instance),
+#: so it is longer than a flush can take (its timeout + ``OUTAGE_WAIT_S``): a flush gives up
+#: first. A writer killed inside a transaction holds back read_committed readers of its
+#: partitions until its successor's ``init_transactions`` aborts it, or at most this long.
+TRANSACTION_TIMEOUT_MS = 180_000
 
 #: Every client's settings on a replicated cluster (factor above 1), where a partition's leader
 #: can die while its followers carry on. librdkafka learns of the new leader only from a metadata
