@@ -237,8 +237,8 @@ class Rig:
     def learner(self, resume: bool = False) -> Role:
         return self._spawn("learner", self._cmd("learner", *(["--resume"] if resume else [])))
 
-    def actor(self, index: int = 0) -> Role:
-        return self._spawn(f"actor-{index}", self._cmd("actor", "--index", str(index)))
+    def actor(self, index: int = 0, *extra: str) -> Role:
+        return self._spawn(f"actor-{index}", self._cmd("actor", "--index", str(index), *extra))
 
     def start_streams(self, shell: str = "faust") -> StreamsProcesses:
         """The stream processors of ``shell`` (``SHELL_CMDS``), as a process."""
