@@ -90,6 +90,9 @@ class NamespacedBus(Bus):
     def end_offsets(self, topic: str) -> dict[int, int]:
         return self.inner.end_offsets(self.ns.topic(topic))
 
+    def log_start(self, topic: str, partition: int, timeout: float = 10.0) -> int:
+        return self.inner.log_start(self.ns.topic(topic), partition)
+
     def group_lag(self, group: str, topic: str) -> int:
         return self.inner.group_lag(self.ns.group(group), self.ns.topic(topic))
 
