@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from actor.backoff import DeliveryBackoff
 from actor.envs import NonFiniteEnvError
@@ -100,6 +101,8 @@ class ActorConfig:
     """gymnasium vectorization mode: sync or async (subprocess envs)."""
     wrappers: tuple[str, ...] = ()
     """Per-env wrappers by name (``actor.envs.WRAPPERS``)."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """``gymnasium.make`` keyword arguments of each env."""
     swap_every: int = 0
     """>0 (free-running off-policy actors): look for a newer policy between env steps, every this
     many steps and whenever ``swap_every_s`` has passed since the last look, and act with it from

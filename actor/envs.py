@@ -12,7 +12,7 @@ import importlib
 import sys
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -119,21 +119,25 @@ def quiet_mujoco(env_id: str) -> None:
     mujoco.set_mju_user_warning(warn)
 
 
-#: Env ids ``check_env_id`` has made in this process (the entry point checks before it starts).
-_loads: set[str] = set()
+#: (env id, its keyword arguments) ``check_env_id`` has made in this process (the entry point checks before it starts).
+_loads: set[tuple[str, str]] = set()
 
 
-def check_env_id(env_id: str) -> None:
-    """Make ``env_id`` once and close it; ``ValueError`` saying why it cannot be used, and what
-    to use instead: for an old version that no longer loads (``HalfCheetah-v3``: mujoco-py), the
-    newest; for an unknown id, the registered ids closest to it."""
-    if env_id in _loads:
+def check_env_id(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> None:
+    """Make ``env_id`` (with ``env_kwargs``) once and close it; ``ValueError`` saying why it cannot
+    be used, and what to use instead: for an old version that no longer loads (``HalfCheetah-v3``:
+    mujoco-py), the newest; for an unknown id, the registered ids closest to it; for a keyword the
+    env does not take, the env's error."""
+    key = (env_id, repr(sorted((env_kwargs or {}).items())))
+    if key in _loads:
         return
     try:
         with warnings.catch_warnings():  # gymnasium's "out of date" warning: the error below says it
             warnings.simplefilter("ignore", DeprecationWarning)
             quiet_mujoco(env_id)
-            gym.make(import_env_module(env_id)).close()
+            gym.make(import_env_module(env_id), **(env_kwargs or {})).close()
+    except TypeError as e:  # a keyword argument the env's constructor does not take
+        raise ValueError(f"cannot make environment {env_id!r} with {dict(env_kwargs or {})}: {e}") from e
     except (gym.error.Error, ImportError) as e:
         bare = import_env_module(env_id)
         newer = newest_version(env_id)
@@ -148,7 +152,7 @@ def check_env_id(env_id: str) -> None:
             if close and isinstance(e, gym.error.NameNotFound):  # (gymnasium's own guess is the family only)
                 e = gym.error.NameNotFound(f"no environment {bare!r} is registered")
         raise ValueError(f"cannot make environment {env_id!r}: {str(e).rstrip('.')}{hint}") from e
-    _loads.add(env_id)
+    _loads.add(key)
 
 
 def wrapper_fns(names: Sequence[str]) -> list[Callable[[gym.Env], gym.Env]]:
@@ -159,10 +163,11 @@ def wrapper_fns(names: Sequence[str]) -> list[Callable[[gym.Env], gym.Env]]:
     return [WRAPPERS[n] for n in names]
 
 
-def make_vector_env(env_id: str, num_envs: int, mode: str = "sync",
-                    wrappers: Sequence[str] = ()) -> gym.vector.VectorEnv:
-    """A vector env with same-step autoreset: a finished episode's true last observation is in
-    ``info["final_obs"]`` and the returned obs is already the reset one."""
+def make_vector_env(env_id: str, num_envs: int, mode: str = "sync", wrappers: Sequence[str] = (),
+                    env_kwargs: Mapping[str, Any] | None = None) -> gym.vector.VectorEnv:
+    """A vector env of ``gymnasium.make(env_id, **env_kwargs)`` with same-step autoreset: a
+    finished episode's true last observation is in ``info["final_obs"]`` and the returned obs is
+    already the reset one."""
     fns = wrapper_fns(wrappers)
     import_env_module(env_id)
     quiet_mujoco(env_id)
@@ -170,9 +175,10 @@ def make_vector_env(env_id: str, num_envs: int, mode: str = "sync",
         return gym.make_vec(
             env_id, num_envs=num_envs, vectorization_mode=mode,
             vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, wrappers=fns or None,
+            **(env_kwargs or {}),
         )
-    except (gym.error.Error, ImportError) as e:
-        check_env_id(env_id)  # the reason, with the version to use where an old one cannot load
+    except (gym.error.Error, ImportError, TypeError) as e:
+        check_env_id(env_id, env_kwargs)  # the reason, with the version to use where an old one cannot load
         raise ValueError(f"cannot make environment {env_id!r}: {e}") from e
 
 
@@ -199,8 +205,8 @@ def spec_of(env: gym.vector.VectorEnv | gym.Env, env_id: str) -> EnvSpec:
                    act_space.low.astype(np.float32), act_space.high.astype(np.float32))
 
 
-def env_dims(env_id: str, wrappers: Sequence[str] = ()) -> EnvSpec:
-    env = make_vector_env(env_id, 1, wrappers=wrappers)
+def env_dims(env_id: str, wrappers: Sequence[str] = (), env_kwargs: Mapping[str, Any] | None = None) -> EnvSpec:
+    env = make_vector_env(env_id, 1, wrappers=wrappers, env_kwargs=env_kwargs)
     try:
         return spec_of(env, env_id)
     finally:

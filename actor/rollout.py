@@ -30,7 +30,7 @@ class Rollout:
     def __init__(self, config, env=None) -> None:
         self.config = config
         self.env = env if env is not None else make_vector_env(config.env_id, config.num_envs, config.vector_mode,
-                                                                 config.wrappers)
+                                                                 config.wrappers, config.env_kwargs)
         self.spec = spec_of(self.env, config.env_id)
         self.cut_fragments = 0  # fragments ended early for a new policy (``collect``'s ``newer``)
         self.inflight_swaps = 0  # newer policies taken within a fragment (``config.inflight``)

@@ -91,10 +91,11 @@ EVAL_SEED = 10_000
 
 
 @torch.no_grad()
-def episodes_of(policy, env_id: str, episodes: int) -> list[dict]:
-    """Mean-action episodes of ``policy`` seeded EVAL_SEED + i: return, length, whether it ended
-    by termination (a fall) and, for the MuJoCo walkers, the x distance covered (else None)."""
-    env = gym.make(env_id)
+def episodes_of(policy, env_id: str, episodes: int, env_kwargs: dict | None = None) -> list[dict]:
+    """Mean-action episodes of ``policy`` seeded EVAL_SEED + i on ``gym.make(env_id, **env_kwargs)``:
+    return, length, whether it ended by termination (a fall) and, for the MuJoCo walkers, the x
+    distance covered (else None)."""
+    env = gym.make(env_id, **(env_kwargs or {}))
     low, high = env.action_space.low, env.action_space.high
     out = []
     try:
@@ -114,9 +115,9 @@ def episodes_of(policy, env_id: str, episodes: int) -> list[dict]:
     return out
 
 
-def evaluate(policy, env_id: str, episodes: int) -> list[float]:
+def evaluate(policy, env_id: str, episodes: int, env_kwargs: dict | None = None) -> list[float]:
     """Mean-action returns of ``policy`` on ``episodes`` episodes seeded EVAL_SEED + i."""
-    return [e["return"] for e in episodes_of(policy, env_id, episodes)]
+    return [e["return"] for e in episodes_of(policy, env_id, episodes, env_kwargs)]
 
 
 def policy_versions(log_dir: Path) -> dict[int, PolicyVersion]:
@@ -144,9 +145,9 @@ def train_one(name: str, env_id: str, steps: int, seed: int, out: Path, episodes
     returns = json.loads((run_dir / "curve.json").read_text())["returns"]
     versions = policy_versions(run_dir / "log")
     final = versions[max(versions)]
-    ev = evaluate(load_policy(final), env_id, episodes)
+    ev = evaluate(load_policy(final), env_id, episodes, cfg.run.env_kwargs)
     return {"name": name, "algo": algo, "mode": "colocated", "seed": seed, "steps": summary["steps"],
-            "updates": summary["updates"], "preset": cfg.preset_name(),
+            "updates": summary["updates"], "preset": cfg.preset_name(), "env_kwargs": dict(cfg.run.env_kwargs),
             "episodes": len(returns), "train_first20": float(np.mean(returns[:20])),
             "train_last20": float(np.mean(returns[-20:])), "eval": float(np.mean(ev)),
             "wall_s": round(wall, 1), "sps": round(summary["steps"] / wall, 1),
@@ -187,7 +188,7 @@ def train_decoupled(name: str, env_id: str, steps: int, seed: int, out: Path, ep
     curve_file = run_dir / "actor-0" / "curve.json"
     returns = json.loads(curve_file.read_text())["returns"]
     final = newest_kafka_version(cfg)
-    ev = evaluate(load_policy(final), env_id, episodes)
+    ev = evaluate(load_policy(final), env_id, episodes, cfg.run.env_kwargs)
     flow = actor.get("flow") or {}
     return {"name": name, "algo": algo, "mode": "decoupled", "seed": seed, "steps": int(actor.get("steps") or 0),
             "updates": learner.get("updates"), "samples_trained": learner.get("samples_trained"),

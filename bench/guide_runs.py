@@ -87,7 +87,7 @@ def run_arm(arm: str, env_id: str, steps: int, seed: int, out: Path, bootstrap: 
         streams = procs.get("streams", {})
         freshness, lag = streams.get("freshness"), streams.get("lag_versions")
         samples = sum(int(p.get("steps", 0)) for n, p in procs.items() if n.startswith("actor"))
-    how = behaviour(load_policy(final), env_id, episodes)
+    how = behaviour(load_policy(final), env_id, episodes, cfg.run.env_kwargs)
     ev = how.pop("returns")
     timeline = json.loads((run_dir / "timeline.json").read_text())
     return {"arm": arm, "env": env_id, "seed": seed, "steps": samples, "final_version": final.version,
@@ -98,11 +98,11 @@ def run_arm(arm: str, env_id: str, steps: int, seed: int, out: Path, bootstrap: 
                                                  "policy_lag_max", "policy_latency_p99_ms")} for e in timeline]}
 
 
-def behaviour(policy, env_id: str, episodes: int) -> dict:
+def behaviour(policy, env_id: str, episodes: int, env_kwargs: dict | None = None) -> dict:
     """The evaluation's returns, and how the episodes went: mean length, the share that ended in
     a fall and the mean x distance (a return under the walkers' 1,000 healthy bonus can be a
     walker that falls or one that stands still; these tell which)."""
-    eps = episodes_of(policy, env_id, episodes)
+    eps = episodes_of(policy, env_id, episodes, env_kwargs)
     dxs = [e["dx"] for e in eps if e["dx"] is not None]
     return {"returns": [e["return"] for e in eps], "length": float(np.mean([e["length"] for e in eps])),
             "fell": float(np.mean([e["fell"] for e in eps])), "dx": float(np.mean(dxs)) if dxs else None}

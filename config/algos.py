@@ -7,7 +7,7 @@ and ``config.TrainConfig``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 __all__ = ["AlgoDefaults", "ALGO_DEFAULTS", "TRAINABLE", "algo_defaults", "EnvPreset", "ENV_PRESETS",
@@ -111,6 +111,8 @@ class EnvPreset:
     """Transitions per learner update (the zoo's ``n_steps * n_envs``)."""
     algo: dict[str, Any] = field(default_factory=dict)
     """Algorithm config fields (what ``--set key=value`` overrides)."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """``gymnasium.make`` keyword arguments of the task (what ``--env-arg key=value`` overrides)."""
 
 
 #: SB3's PPO on MuJoCo, from DLR-RM/rl-baselines3-zoo hyperparams/ppo.yml (commit 00128b5, the
@@ -131,6 +133,8 @@ def _zoo(n_steps: int, batch: int, **algo: Any) -> EnvPreset:
 
 #: The algorithm's own row as a named preset: CleanRL's ppo_continuous_action.py settings.
 _CLEANRL = EnvPreset("CleanRL ppo_continuous_action.py (the ppo row)")
+#: Ant-v5 observed as v4 observed it by default: the body's 27 values, without the 78 contact forces.
+_NO_CONTACT_OBS = {"include_cfrc_ext_in_observation": False}
 
 #: ``(algo, env family) -> {preset name: EnvPreset}``; the first name is the default, used when
 #: no ``--preset`` is given, chosen by measured return at 1M steps (bench/mujoco_table.py,
@@ -165,13 +169,16 @@ ENV_PRESETS: dict[tuple[str, str], dict[str, EnvPreset]] = {
         "zoo": _zoo(512, 256, gamma=0.95, learning_rate=3.56987e-05, ent_coef=0.00238306, clip_coef=0.3,
                     update_epochs=5, gae_lambda=0.9, max_grad_norm=2.0, vf_coef=0.431892, **_ZOO_NET),
     },
-    # The zoo's Ant row is SB3's PPO defaults with normalisation: CleanRL's settings but for a
-    # constant learning rate and no value clipping. On seed 0 it trained to ~210 at 1M steps and
-    # ~270 at 2M (eval 554; bench/guide_runs.py), below CleanRL's settings at 1M on every seed
-    # (513 +- 72, eval 700 +- 56): Ant defaults to "cleanrl".
+    # Ant: both references observed no contact forces (v4's default leaves them out; v3's were all
+    # zeros under mujoco-py 2), and v5 adds 78 of them to the 27 of the body by default. Without
+    # them CleanRL's settings evaluated at 3,216 +- 454 on seeds 0-1 at 1M steps (train 2,086),
+    # with them at 700 +- 69 (train 514), so both rows keep the references' observation; the
+    # reward is v5's either way. The zoo's row is SB3's PPO defaults with normalisation: CleanRL's
+    # settings but for a constant learning rate and no value clipping (with the contact forces it
+    # trained to ~210 at 1M on seed 0, below CleanRL's settings): Ant defaults to "cleanrl".
     ("ppo", "Ant"): {
-        "cleanrl": _CLEANRL,
-        "zoo": _zoo(2048, 64, anneal_lr=False, clip_vloss=False),
+        "cleanrl": replace(_CLEANRL, env_kwargs=_NO_CONTACT_OBS),
+        "zoo": replace(_zoo(2048, 64, anneal_lr=False, clip_vloss=False), env_kwargs=_NO_CONTACT_OBS),
     },
 }
 

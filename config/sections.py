@@ -51,6 +51,8 @@ class RunSection:
     """Seconds between progress lines."""
     wrappers: EntryPoint[tuple[str, ...]] = ()
     """Per-env gymnasium wrappers by name (``actor.envs.WRAPPERS``)."""
+    env_kwargs: EntryPoint[dict] = field(default_factory=dict)
+    """``gymnasium.make`` keyword arguments of the env (``--env-arg key=value``), over the preset's."""
     algo_overrides: EntryPoint[dict] = field(default_factory=dict)
     """Algorithm config fields to override (from --set key=value)."""
     run_dir: EntryPoint[Path] = Path("runs/latest")

@@ -160,11 +160,11 @@ class TrainConfig:
         d = algo_defaults(run.algo)
         if run.preset not in PRESET_CHOICES:
             raise ValueError(f"--preset must be one of {', '.join(PRESET_CHOICES)}, got {run.preset!r}")
-        overrides = dict(run.algo_overrides)
+        overrides, env_kwargs = dict(run.algo_overrides), dict(run.env_kwargs)
         found = env_preset(run.algo, run.env_id, run.preset)
         if found is not None:  # idempotent: re-made configs (replace, from_dict) merge it again
             row = found[1]
-            overrides = {**row.algo, **overrides}
+            overrides, env_kwargs = {**row.algo, **overrides}, {**row.env_kwargs, **env_kwargs}
             if learner.train_batch_size is None and row.train_batch_size is not None:
                 learner = replace(learner, train_batch_size=row.train_batch_size)
         # JSON (a run config file) turns tuples into lists; keep one form so configs compare equal
@@ -186,7 +186,8 @@ class TrainConfig:
         if actor.actor_lag_versions and self.mode != "decoupled":
             raise ValueError("--actor.actor-lag-versions applies to decoupled mode only (co-located actors "
                              "always act with the newest policy)")
-        run = replace(run, algo_overrides=overrides, wrappers=tuple(run.wrappers), run_dir=Path(run.run_dir))
+        run = replace(run, algo_overrides=overrides, env_kwargs=env_kwargs, wrappers=tuple(run.wrappers),
+                      run_dir=Path(run.run_dir))
         for name, value in (("run", run), ("actor", actor), ("learner", learner)):
             object.__setattr__(self, name, value)
         check_bounds(self)

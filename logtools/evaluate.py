@@ -96,10 +96,12 @@ def load_version(run_dir: Path, version: int | None) -> tuple[int, Policy, str, 
                     "nor a saved policy (policy.safetensors)")
 
 
-def _run_env(run_dir: Path, meta: dict) -> tuple[str | None, list[str]]:
+def _run_env(run_dir: Path, meta: dict) -> tuple[str | None, list[str], dict[str, Any]]:
+    """The env id, wrappers and ``gymnasium.make`` keyword arguments the run's summary records."""
     summary = run_dir / "summary.json"
     recorded = json.loads(summary.read_text()) if summary.exists() else {}
-    return recorded.get("env") or meta.get("env_id"), list(recorded.get("wrappers", []))
+    return (recorded.get("env") or meta.get("env_id"), list(recorded.get("wrappers", [])),
+            dict(recorded.get("env_kwargs") or {}))
 
 
 def evaluate(run_dir: str | Path, version: int | None = None, episodes: int = 10, deterministic: bool = False,
@@ -111,7 +113,8 @@ def evaluate(run_dir: str | Path, version: int | None = None, episodes: int = 10
     if episodes < 1:
         raise EvalError("--episodes must be >= 1")
     version, policy, source, meta = load_version(run_dir, version)
-    recorded_env, recorded_wrappers = _run_env(run_dir, meta)
+    recorded_env, recorded_wrappers, recorded_kwargs = _run_env(run_dir, meta)
+    env_kwargs = recorded_kwargs if env_id in (None, recorded_env) else {}  # another env: its own defaults
     env_id = env_id or recorded_env
     if not env_id:
         raise EvalError(f"{run_dir} does not record its env: pass --env")
@@ -119,9 +122,9 @@ def evaluate(run_dir: str | Path, version: int | None = None, episodes: int = 10
     import_env_module(env_id)
     quiet_mujoco(env_id)  # MuJoCo's model-file deprecation warnings are not the user's
     try:
-        env = gym.make(env_id, render_mode="rgb_array" if video_dir else None)
-    except gym.error.Error as e:
-        raise EvalError(f"cannot make environment {env_id!r}: {e}") from e
+        env = gym.make(env_id, render_mode="rgb_array" if video_dir else None, **env_kwargs)
+    except (gym.error.Error, TypeError) as e:
+        raise EvalError(f"cannot make environment {env_id!r} ({env_kwargs}): {e}") from e
     for fn in wrapper_fns(wrappers):
         env = fn(env)
     spec = spec_of(env, env_id)
@@ -146,7 +149,8 @@ def evaluate(run_dir: str | Path, version: int | None = None, episodes: int = 10
     finally:
         env.close()
     out: dict[str, Any] = {
-        "run": str(run_dir), "version": version, "source": source, "env": env_id, "wrappers": wrappers,
+        "run": str(run_dir), "version": version, "source": source, "env": env_id, "env_kwargs": env_kwargs,
+        "wrappers": wrappers,
         "episodes": episodes, "deterministic": deterministic,
         "mean": float(np.mean(returns)), "std": float(np.std(returns)),
         "returns": [round(r, 3) for r in returns], "mean_length": float(np.mean(lengths)),

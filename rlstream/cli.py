@@ -35,6 +35,9 @@ def _add_training(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wrappers", default="", metavar="A,B",
                    help="per-env gymnasium wrappers: normalize_obs, normalize_reward, clip_reward, flatten_obs")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="algorithm config override")
+    p.add_argument("--env-arg", action="append", metavar="KEY=VALUE",
+                   help="gymnasium.make keyword argument of the env (over the preset's), e.g. "
+                        "include_cfrc_ext_in_observation=false")
     p.add_argument("--importance-sampling", action="store_true",
                    help="the deployment guide's spelling of --importance (V-trace weights in the stream processors)")
     p.add_argument("--run-dir", type=Path, default=None,
@@ -239,14 +242,20 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
     tensorboard = None if a.tensorboard == "off" else (a.tensorboard or str(run_dir / "tb"))
     try:  # the config checks itself again with --set's overrides (e.g. --overlap against one of them)
         run = replace(base.run, wrappers=wrapper_names(a.wrappers), tensorboard=tensorboard,
-                      algo_overrides=kv(a.set), run_dir=run_dir, run_id=run_id, metrics_port=a.metrics_port)
+                      algo_overrides=kv(a.set), env_kwargs=kv(a.env_arg, "--env-arg"), run_dir=run_dir,
+                      run_id=run_id, metrics_port=a.metrics_port)
         deploy = replace(base.deploy, redis_url=base.deploy.redis_url or env.redis_url,
                          blob_cache=base.deploy.blob_cache if base.deploy.blob_cache is not None else env.blob_cache)
         learner = replace(base.learner, snapshot_store=base.learner.snapshot_store or env.snapshot_store)
-        return replace(base, run=run, deploy=deploy, learner=learner, streams=a.streams, bus=bus,
-                       object_store=ObjectStoreConfig.from_environment(env))
+        cfg = replace(base, run=run, deploy=deploy, learner=learner, streams=a.streams, bus=bus,
+                      object_store=ObjectStoreConfig.from_environment(env))
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
+    try:  # the preset's and --env-arg's keyword arguments, before any process starts
+        check_env_id(cfg.run.env_id, cfg.run.env_kwargs)
+    except ValueError as e:
+        raise SystemExit(f"--env-arg: {e}") from None
+    return cfg
 
 
 def _serve_metrics(metrics, port: int | None, role: str, env: Environment):

@@ -11,12 +11,12 @@ import threading
 from typing import Any
 
 
-def kv(items: list[str] | None) -> dict[str, Any]:
+def kv(items: list[str] | None, flag: str = "--set") -> dict[str, Any]:
     """``--set key=value`` items as a dict, each value JSON where it parses, else the string."""
     out: dict[str, Any] = {}
     for item in items or []:
         if "=" not in item:
-            raise SystemExit(f"--set expects key=value, got {item!r}")
+            raise SystemExit(f"{flag} expects key=value, got {item!r}")
         k, v = item.split("=", 1)
         try:
             out[k] = json.loads(v)

@@ -94,7 +94,7 @@ def _figures(cfg: TrainConfig, proc: RoleProcess, bus, learner, worker, actors: 
              times: OverlapTimes | None) -> dict[str, Any]:
     """The co-located summary's figures beside the progress's."""
     return {
-        "mode": "colocated", "algo": cfg.run.algo, "env": cfg.run.env_id, "wrappers": list(cfg.run.wrappers),
+        "mode": "colocated", **wiring.task(cfg),
         "events": {t: sum(bus.end_offsets(t).values())
                    for t in (POLICY_VERSIONS, SAMPLES_RAW, SAMPLES_PREPARED, LEARNER_STEPS, DEADLETTER)},
         "streams": worker.prepare.stats.as_dict(),

@@ -160,7 +160,7 @@ def run_decoupled(cfg: TrainConfig, log: Any = None, stop: threading.Event | Non
         # an actor that wrote its summary has spent its budget and is on its way out
         sup.stop(finishing=tuple(n for n in actors if not stop.is_set() and summary_path(cfg.run.run_dir, n).exists()))
     summaries = read_summaries(cfg.run.run_dir, procs)
-    summary = {"mode": "decoupled", "run_id": cfg.run.run_id, "algo": cfg.run.algo, "env": cfg.run.env_id,
+    summary = {"mode": "decoupled", "run_id": cfg.run.run_id, **wiring.task(cfg),
                "namespace": cfg.bus.namespace, "ended": ended, "learner_exit": rc,
                **run_learning(cfg, actors, summaries),
                "processes": summaries, "restarts": dict(sup.restarts), "restart_reasons": list(sup.reasons),

@@ -195,7 +195,8 @@ def actor_config(cfg: TrainConfig, actor_id: str, index: int) -> ActorConfig:
     free_running = cfg.mode == "decoupled" and not g and not is_on_policy(cfg.run.algo)
     return ActorConfig(actor_id=actor_id, env_id=cfg.run.env_id, num_envs=a.num_envs,
                        fragment_steps=cfg.effective_fragment_steps(), seed=actor_seed(cfg.run.seed, index),
-                       group_size=g, wrappers=tuple(cfg.run.wrappers), swap_every=SWAP_EVERY if free_running else 0)
+                       group_size=g, wrappers=tuple(cfg.run.wrappers), env_kwargs=dict(cfg.run.env_kwargs),
+                       swap_every=SWAP_EVERY if free_running else 0)
 
 
 def learner_config(cfg: TrainConfig) -> LearnerConfig:
@@ -424,12 +425,19 @@ class EnvInfo:
 
 
 def env_info(cfg: TrainConfig) -> EnvInfo:
-    spec = env_dims(cfg.run.env_id, cfg.run.wrappers)
+    spec = env_dims(cfg.run.env_id, cfg.run.wrappers, cfg.run.env_kwargs)
     return EnvInfo(spec.obs_dim, spec.act_dim, spec.nvec)
 
 
+def task(cfg: TrainConfig) -> dict[str, Any]:
+    """What a run trained, as its summary and start line say it: the algorithm, the env with its
+    keyword arguments and wrappers, and the preset that ran (None: the algorithm's row only)."""
+    return {"algo": cfg.run.algo, "env": cfg.run.env_id, "env_kwargs": dict(cfg.run.env_kwargs),
+            "wrappers": list(cfg.run.wrappers), "preset": cfg.preset_name()}
+
+
 def describe(cfg: TrainConfig) -> dict[str, Any]:
-    return {"mode": cfg.mode, "algo": cfg.run.algo, "env": cfg.run.env_id, "wrappers": list(cfg.run.wrappers),
+    return {"mode": cfg.mode, **task(cfg),
             "total_steps": cfg.run.total_steps,
             "num_actors": cfg.actor.num_actors, "num_envs": cfg.actor.num_envs,
             "fragment_steps": cfg.effective_fragment_steps(), "train_batch_size": cfg.learner.train_batch_size,

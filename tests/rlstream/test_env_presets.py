@@ -137,3 +137,56 @@ def test_the_guides_flag_spellings(tmp_path):
     cfg = parsed("--mode", "decoupled", "--algo", "agro", "--env-name", "Ant-v5", "--total-timesteps", "2000000",
                  "--importance", tmp_path=tmp_path)
     assert (cfg.env_id, cfg.total_steps, cfg.prepare_config().importance) == ("Ant-v5", 2_000_000, True)
+
+
+# -- gymnasium.make keyword arguments: the preset's, --env-arg over them, to every env the run makes
+
+NO_CONTACT = {"include_cfrc_ext_in_observation": False}
+
+
+def test_ant_observes_what_the_references_observed_unless_told(tmp_path):
+    from actor.rollout import Rollout
+    from rlstream.wiring import actor_config, env_info
+
+    default = parsed("--env", "Ant-v5", tmp_path=tmp_path / "a")
+    assert default.run.env_kwargs == NO_CONTACT and env_info(default).obs_dim == 27
+    rollout = Rollout(actor_config(default, "actor-0", 0))  # what an actor steps
+    try:
+        assert rollout.spec.obs_dim == 27 and rollout.env.single_observation_space.shape == (27,)
+    finally:
+        rollout.env.close()
+    assert parsed("--env", "Ant-v5", "--preset", "zoo", tmp_path=tmp_path / "b").run.env_kwargs == NO_CONTACT
+    plain = parsed("--env", "Ant-v5", "--preset", "none", tmp_path=tmp_path / "c")
+    assert plain.run.env_kwargs == {} and env_info(plain).obs_dim == 105
+    mine = parsed("--env", "Ant-v5", "--env-arg", "include_cfrc_ext_in_observation=true",
+                  "--env-arg", "ctrl_cost_weight=0.25", tmp_path=tmp_path / "d")  # the user's wins
+    assert mine.run.env_kwargs == {"include_cfrc_ext_in_observation": True, "ctrl_cost_weight": 0.25}
+    assert env_info(mine).obs_dim == 105 and mine.preset_name() == "cleanrl"
+
+
+def test_env_kwargs_survive_the_run_config_file():
+    cfg = TrainConfig(env_id="Ant-v5")
+    again = TrainConfig.from_dict(cfg.to_dict())
+    assert again.run.env_kwargs == NO_CONTACT == cfg.run.env_kwargs and again == cfg
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--env-arg", "no_such_kwarg=1"], "no_such_kwarg"),
+    (["--env-arg", "include_cfrc_ext_in_observation"], "--env-arg expects key=value"),
+])
+def test_a_keyword_the_env_does_not_take_fails_before_anything_starts(tmp_path, args, says):
+    with pytest.raises(SystemExit) as e:
+        parsed("--env", "Ant-v5", *args, tmp_path=tmp_path)
+    assert says in str(e.value) and "Traceback" not in str(e.value)
+
+
+def test_the_summary_and_eval_use_the_runs_env_kwargs(tmp_path):
+    from logtools.evaluate import evaluate
+    from rlstream.colocated import run_colocated
+
+    cfg = parsed("--env", "Ant-v5", "--total-steps", "256", "--actor.num-envs", "1",
+                 "--learner.train-batch-size", "128", "--no-plot", tmp_path=tmp_path / "run")
+    summary = run_colocated(cfg)
+    assert summary["env_kwargs"] == NO_CONTACT and summary["preset"] == "cleanrl"
+    out = evaluate(cfg.run.run_dir, episodes=1)  # a 27-wide policy: the plain env (105) would be refused
+    assert out["env_kwargs"] == NO_CONTACT and out["mean_length"] > 0
