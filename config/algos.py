@@ -7,11 +7,11 @@ and ``config.TrainConfig``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 __all__ = ["AlgoDefaults", "ALGO_DEFAULTS", "TRAINABLE", "algo_defaults", "EnvPreset", "ENV_PRESETS",
-           "PRESET_CHOICES", "env_family", "env_preset"]
+           "PRESET_CHOICES", "TASK_ENV_KWARGS", "env_family", "env_kwargs_of", "env_preset"]
 
 
 @dataclass(frozen=True)
@@ -133,8 +133,6 @@ def _zoo(n_steps: int, batch: int, **algo: Any) -> EnvPreset:
 
 #: The algorithm's own row as a named preset: CleanRL's ppo_continuous_action.py settings.
 _CLEANRL = EnvPreset("CleanRL ppo_continuous_action.py (the ppo row)")
-#: Ant-v5 observed as v4 observed it by default: the body's 27 values, without the 78 contact forces.
-_NO_CONTACT_OBS = {"include_cfrc_ext_in_observation": False}
 
 #: ``(algo, env family) -> {preset name: EnvPreset}``; the first name is the default, used when
 #: no ``--preset`` is given, chosen by measured return at 1M steps (bench/mujoco_table.py,
@@ -169,17 +167,23 @@ ENV_PRESETS: dict[tuple[str, str], dict[str, EnvPreset]] = {
         "zoo": _zoo(512, 256, gamma=0.95, learning_rate=3.56987e-05, ent_coef=0.00238306, clip_coef=0.3,
                     update_epochs=5, gae_lambda=0.9, max_grad_norm=2.0, vf_coef=0.431892, **_ZOO_NET),
     },
-    # Ant: both references observed no contact forces (v4's default leaves them out; v3's were all
-    # zeros under mujoco-py 2), and v5 adds 78 of them to the 27 of the body by default. Without
-    # them CleanRL's settings evaluated at 3,216 +- 454 on seeds 0-1 at 1M steps (train 2,086),
-    # with them at 700 +- 69 (train 514), so both rows keep the references' observation; the
-    # reward is v5's either way. The zoo's row is SB3's PPO defaults with normalisation: CleanRL's
-    # settings but for a constant learning rate and no value clipping (with the contact forces it
-    # trained to ~210 at 1M on seed 0, below CleanRL's settings): Ant defaults to "cleanrl".
+    # The zoo's Ant row is SB3's PPO defaults with normalisation: CleanRL's settings but for a
+    # constant learning rate and no value clipping. With v5's contact forces observed it trained
+    # to ~210 at 1M steps on seed 0, below CleanRL's settings: Ant defaults to "cleanrl".
     ("ppo", "Ant"): {
-        "cleanrl": replace(_CLEANRL, env_kwargs=_NO_CONTACT_OBS),
-        "zoo": replace(_zoo(2048, 64, anneal_lr=False, clip_vloss=False), env_kwargs=_NO_CONTACT_OBS),
+        "cleanrl": _CLEANRL,
+        "zoo": _zoo(2048, 64, anneal_lr=False, clip_vloss=False),
     },
+}
+
+#: ``gymnasium.make`` keyword arguments of a task family, for every algorithm unless ``--preset
+#: none``; a preset's own ``env_kwargs`` and ``--env-arg`` win over them. Ant: both references
+#: observed no contact forces (v4 leaves them out by default; v3's were all zeros under
+#: mujoco-py 2), where v5 adds 78 of them to the body's 27 values. Without them PPO at CleanRL's
+#: settings evaluated at 3,216 +- 454 on seeds 0-1 at 1M steps (train 2,086), with them at
+#: 700 +- 69 (train 514; docs/algorithms.md). The reward is v5's either way.
+TASK_ENV_KWARGS: dict[str, dict[str, Any]] = {
+    "Ant": {"include_cfrc_ext_in_observation": False},
 }
 
 #: ``--preset`` values: ``auto`` (the env's default preset, else none), ``none`` (the algorithm's
@@ -192,6 +196,15 @@ def env_family(env_id: str) -> str:
     name = env_id.rpartition(":")[2]
     base, dash, version = name.rpartition("-")
     return base if dash and version[:1] == "v" and version[1:].isdigit() else name
+
+
+def env_kwargs_of(algo: str, env_id: str, preset: str = "auto") -> dict[str, Any]:
+    """The ``gymnasium.make`` keyword arguments the table gives ``algo`` on ``env_id``: the task's
+    (``TASK_ENV_KWARGS``), then the preset's; none with ``preset="none"``."""
+    if preset == "none":
+        return {}
+    found = env_preset(algo, env_id, preset)
+    return {**TASK_ENV_KWARGS.get(env_family(env_id), {}), **(found[1].env_kwargs if found else {})}
 
 
 def env_preset(algo: str, env_id: str, preset: str = "auto") -> tuple[str, EnvPreset] | None:

@@ -14,7 +14,7 @@ from typing import Annotated, Any, get_type_hints
 
 import tyro
 
-from config.algos import ALGO_DEFAULTS, PRESET_CHOICES, algo_defaults, env_preset
+from config.algos import ALGO_DEFAULTS, PRESET_CHOICES, algo_defaults, env_kwargs_of, env_preset
 from config.bus import DEFAULT_LEARNER_GROUP, BusConfig, Replication, Retention
 from config.env import Environment
 from config.prepare import PrepareConfig
@@ -160,11 +160,12 @@ class TrainConfig:
         d = algo_defaults(run.algo)
         if run.preset not in PRESET_CHOICES:
             raise ValueError(f"--preset must be one of {', '.join(PRESET_CHOICES)}, got {run.preset!r}")
-        overrides, env_kwargs = dict(run.algo_overrides), dict(run.env_kwargs)
+        overrides = dict(run.algo_overrides)
+        env_kwargs = {**env_kwargs_of(run.algo, run.env_id, run.preset), **run.env_kwargs}
         found = env_preset(run.algo, run.env_id, run.preset)
         if found is not None:  # idempotent: re-made configs (replace, from_dict) merge it again
             row = found[1]
-            overrides, env_kwargs = {**row.algo, **overrides}, {**row.env_kwargs, **env_kwargs}
+            overrides = {**row.algo, **overrides}
             if learner.train_batch_size is None and row.train_batch_size is not None:
                 learner = replace(learner, train_batch_size=row.train_batch_size)
         # JSON (a run config file) turns tuples into lists; keep one form so configs compare equal

@@ -190,3 +190,10 @@ def test_the_summary_and_eval_use_the_runs_env_kwargs(tmp_path):
     assert summary["env_kwargs"] == NO_CONTACT and summary["preset"] == "cleanrl"
     out = evaluate(cfg.run.run_dir, episodes=1)  # a 27-wide policy: the plain env (105) would be refused
     assert out["env_kwargs"] == NO_CONTACT and out["mean_length"] > 0
+
+
+def test_the_tasks_env_kwargs_hold_for_every_algorithm_but_not_under_preset_none():
+    agro = TrainConfig(algo="agro", env_id="Ant-v5")  # AGRO has no Ant preset: the task's kwargs still hold
+    assert agro.preset_name() is None and agro.run.env_kwargs == NO_CONTACT
+    assert TrainConfig(algo="agro", env_id="Ant-v5", preset="none").run.env_kwargs == {}
+    assert TrainConfig(env_id="Hopper-v5").run.env_kwargs == {}
