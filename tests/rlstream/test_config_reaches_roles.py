@@ -48,7 +48,8 @@ def every_field_set(tmp_path: Path, bootstrap: str) -> TrainConfig:
                retention={SAMPLES_RAW: Retention(ms=3_600_000, bytes=-1)}, namespace=f"cfg{uuid.uuid4().hex[:8]}",
                learner_group="cfg-trainers", replication=Replication(factor=1, min_insync=1))  # one broker here
     sections = {
-        "run": dict(algo="tba", env_id="Pendulum-v1", wrappers=("clip_reward",), total_steps=4096, preset="none",
+        "run": dict(algo="tba", env_id="Pendulum-v1", wrappers=("clip_reward",), env_kwargs={"g": 9.5},
+                    total_steps=4096, preset="none",
                     seed=7, algo_overrides={"gamma": 0.98}, run_dir=tmp_path / "run", run_id="cfg-run", resume=True,
                     plot=False, tensorboard=str(tmp_path / "tb"), metrics_port=9555, log_every_s=1.5,
                     policy_id=POLICY),
@@ -158,6 +159,8 @@ def as_flags(cfg: TrainConfig) -> list[str]:
             "--wrappers", ",".join(run.wrappers)]
     for k, v in run.algo_overrides.items():
         argv += ["--set", f"{k}={json.dumps(v)}"]
+    for k, v in run.env_kwargs.items():
+        argv += ["--env-arg", f"{k}={json.dumps(v)}"]
     entry = set(ENTRY_POINT_FIELDS)
     for section, obj in [*((name, getattr(cfg, name)) for name in SECTIONS), ("streams", cfg.streams)]:
         for f in dataclasses.fields(obj):
@@ -179,8 +182,8 @@ def test_every_field_is_a_flag_that_parses_back(tmp_path, monkeypatch):
     monkeypatch.setenv(Replication.MIN_INSYNC_SETTING, "1")
     parsed = train_config(build_parser().parse_args(as_flags(cfg)))
     assert parsed == cfg
-    assert set(ENTRY_POINT_FIELDS) == {"mode", "wrappers", "algo_overrides", "run_dir", "run_id", "tensorboard",
-                                       "metrics_port", "streams", "bus", "object_store"}
+    assert set(ENTRY_POINT_FIELDS) == {"mode", "wrappers", "env_kwargs", "algo_overrides", "run_dir", "run_id",
+                                       "tensorboard", "metrics_port", "streams", "bus", "object_store"}
     # each has a shared flag above, but object_store: the AWS variables (a secret, never a flag)
 
 
