@@ -219,9 +219,12 @@ SECTIONS: dict[str, type] = {"run": RunSection, "actor": ActorSection, "learner"
                              "replay": ReplaySection, "deploy": DeploySection}
 UNPREFIXED = ("run",)
 
+#: Section fields added after the flat layout: they have no flat name.
+SECTION_ONLY = ("env_kwargs",)
 #: The old flat ``TrainConfig`` field -> (its section, its field there).
 FLAT: dict[str, tuple[str, str]] = {
-    f.name: (section, f.name) for section, cls in SECTIONS.items() if section != "replay" for f in fields(cls)}
+    f.name: (section, f.name) for section, cls in SECTIONS.items() if section != "replay" for f in fields(cls)
+    if f.name not in SECTION_ONLY}
 FLAT.update({"replay": ("replay", "enabled"), **{f"replay_{f.name}": ("replay", f.name)
                                                  for f in fields(ReplaySection) if f.name != "enabled"}})
 

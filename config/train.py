@@ -305,6 +305,8 @@ class TrainConfig:
         streams = d.pop("streams")
         if streams is not None:
             _check_fields(PrepareConfig, streams)
+        # a file written before env kwargs could be given: its run made the env with none
+        d["run"] = {"env_kwargs": {}, **d["run"]}
         sections = {}
         for name, section in SECTIONS.items():
             values = dict(d.pop(name))
