@@ -112,7 +112,7 @@ def step_train(c: Check, work: Path, limit: float) -> dict:
     run_dir = work / "train"
     t = time.monotonic()
     cmd(rlstream("train", "--env-id", "HalfCheetah-v5", "--algo", "ppo", "--total-steps", c.size("train_steps"),
-                 "--device", c.device, "--run-dir", str(run_dir), "--metrics-port", "-1", "--no-plot"), limit)
+                 "--learner.device", c.device, "--run-dir", str(run_dir), "--metrics-port", "-1", "--no-plot"), limit)
     wall = time.monotonic() - t
     summary = json.loads((run_dir / "summary.json").read_text())
     path = run_dir / "learner.summary.json"
@@ -143,7 +143,7 @@ def step_decoupled(c: Check, work: Path, limit: float) -> dict:
         run_dir = work / "decoupled"
         t = time.monotonic()
         cmd(rlstream("train", "--mode", "decoupled", "--env-id", "HalfCheetah-v5", "--algo", "ppo",
-                     "--total-steps", c.size("decoupled_steps"), "--device", c.device, "--learners", "1",
+                     "--total-steps", c.size("decoupled_steps"), "--learner.device", c.device, "--learner.learners", "1",
                      "--bootstrap", brokers, "--run-dir", str(run_dir), "--metrics-port", "-1", "--no-plot"),
             limit)
         out = {"wall_s": round(time.monotonic() - t, 1), "bootstrap": brokers}

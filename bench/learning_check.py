@@ -106,11 +106,11 @@ def run_seed(seed: int, steps: int, env: str, algo: str, out: Path, compile_upda
     auto (the run's own rule), true (the captured update) or false (eager)."""
     run_dir = out / f"{algo}-{env}-{steps}-seed{seed}"
     cmd = [sys.executable, "-m", "rlstream.cli", "train", "--mode", "colocated", "--algo", algo, "--env", env,
-           "--total-steps", str(steps), "--seed", str(seed), "--torch-threads", "1", "--run-dir", str(run_dir),
+           "--total-steps", str(steps), "--seed", str(seed), "--deploy.torch-threads", "1", "--run-dir", str(run_dir),
            "--preset", "none",  # the algorithm's row, as the reference band was recorded
            "--metrics-port", "-1", "--no-plot", "--tensorboard", "off", "--log-every", "60"]
     if compile_update != "auto":
-        cmd += ["--compile-update", "True" if compile_update == "true" else "False"]
+        cmd += ["--learner.compile-update", "True" if compile_update == "true" else "False"]
     env_vars = Environment.read().child({"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     log = out / f"{run_dir.name}.log"
     with open(log, "w") as f:
