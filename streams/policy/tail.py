@@ -37,8 +37,8 @@ def _read_range(bus: Any, topic: str, partition: int, start: int, stop: int, end
                 if r.offset >= start and r.offset < stop:
                     out.append(r)
                 reached = max(reached, r.offset + 1)
-            moved = (c.position(topic, partition) or 0) > reached  # past transaction markers
-            reached = max(reached, c.position(topic, partition) or 0)
+            position = c.position(topic, partition) or 0  # past transaction markers too
+            moved, reached = position > reached, max(reached, position)
             if recs or moved:
                 deadline = time.monotonic() + timeout
             elif reached < stop and time.monotonic() >= deadline:
@@ -52,12 +52,8 @@ def _read_range(bus: Any, topic: str, partition: int, start: int, stop: int, end
 
 def _gone_below(bus: Any, topic: str, partition: int, reached: int, stop: int) -> bool:
     """Whether the log holds nothing in ``[reached, stop)`` any more: retention moved its start to
-    ``stop`` or past it (only a bus that knows its log start can say so)."""
-    log_start = getattr(bus, "log_start", None)
-    try:
-        return log_start is not None and log_start(topic, partition) >= stop
-    except BusError:  # the broker does not answer that either: the gap stands
-        return False
+    ``stop`` or past it (only a bus that knows its log start can say so; ``stop`` > 0)."""
+    return _log_start(bus, topic, partition) >= stop
 
 
 def _log_start(bus: Any, topic: str, partition: int) -> int:
@@ -65,7 +61,7 @@ def _log_start(bus: Any, topic: str, partition: int) -> int:
     log_start = getattr(bus, "log_start", None)
     try:
         return log_start(topic, partition) if log_start is not None else 0
-    except BusError:
+    except BusError:  # the broker does not answer that either
         return 0
 
 
