@@ -306,10 +306,13 @@ class Learner:
         """Flush the dead letters written since the last flush before the offsets past them are
         committed; on Kafka they are a transaction, which must not stay open while the learner
         waits (past ``transaction.timeout.ms`` the broker aborts it and fences the writer)."""
-        n = sum(self.events.dead_letters.counts.values())
+        n = self._dead_letters_written()
         if n != self._dead_letters_flushed:
             self.events.flush()
             self._dead_letters_flushed = n
+
+    def _dead_letters_written(self) -> int:
+        return sum(self.events.dead_letters.counts.values())
 
     def _take(self, rec: Any, pb: PreparedBatch) -> None:
         """Buffer one polled record for the next update (held in the consumer's ledger), or skip
@@ -368,7 +371,7 @@ class Learner:
             if self.ranks.publisher:
                 self.events.publish(LEARNER_STEPS, upd.step(now_ms()), key=self.config.learner_id)
             self.events.flush()  # (with the dead letters written since the last one)
-            self._dead_letters_flushed = sum(self.events.dead_letters.counts.values())
+            self._dead_letters_flushed = self._dead_letters_written()
         except WriterFencedError:
             self.fenced = True  # a newer learner of this identity runs: nothing more of ours is written
             raise
@@ -504,8 +507,9 @@ class Learner:
                 "holds": self.stats.policy_lag_holds, "overrides": self.stats.policy_lag_overrides}
 
     def close(self) -> None:
-        if self._snapshot_due and self.ranks.world == 1 and not self.fenced:  # (fenced: the store is the newer one's)  # (ranks: a collective; each caller's
-            self.snapshot()                                 # final snapshot covers it)
+        # (ranks: a collective, each caller's final snapshot covers it; fenced: the store is the newer learner's)
+        if self._snapshot_due and self.ranks.world == 1 and not self.fenced:
+            self.snapshot()
         if self.consumer is not None:
             self.consumer.close()
         if self._versions is not None:
