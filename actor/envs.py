@@ -119,6 +119,10 @@ def quiet_mujoco(env_id: str) -> None:
     mujoco.set_mju_user_warning(warn)
 
 
+class EnvKwargsError(ValueError):
+    """The env loads, but not with these ``gymnasium.make`` keyword arguments."""
+
+
 #: (env id, its keyword arguments) ``check_env_id`` has made in this process (the entry point checks before it starts).
 _loads: set[tuple[str, str]] = set()
 
@@ -127,7 +131,7 @@ def check_env_id(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> No
     """Make ``env_id`` (with ``env_kwargs``) once and close it; ``ValueError`` saying why it cannot
     be used, and what to use instead: for an old version that no longer loads (``HalfCheetah-v3``:
     mujoco-py), the newest; for an unknown id, the registered ids closest to it; for a keyword the
-    env does not take, the env's error."""
+    env does not take, the env's error (``EnvKwargsError``)."""
     key = (env_id, repr(sorted((env_kwargs or {}).items())))
     if key in _loads:
         return
@@ -137,7 +141,7 @@ def check_env_id(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> No
             quiet_mujoco(env_id)
             gym.make(import_env_module(env_id), **(env_kwargs or {})).close()
     except TypeError as e:  # a keyword argument the env's constructor does not take
-        raise ValueError(f"cannot make environment {env_id!r} with {dict(env_kwargs or {})}: {e}") from e
+        raise EnvKwargsError(f"cannot make environment {env_id!r} with {dict(env_kwargs or {})}: {e}") from e
     except (gym.error.Error, ImportError) as e:
         bare = import_env_module(env_id)
         newer = newest_version(env_id)

@@ -95,7 +95,8 @@ def parse_training(a: argparse.Namespace, argv: list[str]) -> None:
         raise SystemExit(f"{prog}: --algo {a.train.run.algo!r} is not trained online; choose from {list(TRAINABLE)}")
     if a.command == "train":  # before anything is created: an env or device this machine cannot run
         learner = a.train.learner
-        guide.check_runs_here(a.train.run.env_id, learner.device, learner.learners, mode, typed)
+        guide.check_runs_here(a.train.run.env_id, learner.device, learner.learners, mode, typed,
+                              a.train.run.env_kwargs)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -233,12 +234,6 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
         bus = replace(bus, kind="memory", log_dir=str(log_dir))
     elif a.bus is None and default_bus == "kafka":
         bus = replace(bus, kind="kafka", log_dir=None)
-    from actor.envs import check_env_id
-
-    try:  # before any process starts: an env that cannot load fails here, with the fix
-        check_env_id(base.run.env_id)
-    except ValueError as e:
-        raise SystemExit(f"--env: {e}") from None
     tensorboard = None if a.tensorboard == "off" else (a.tensorboard or str(run_dir / "tb"))
     try:  # the config checks itself again with --set's overrides (e.g. --overlap against one of them)
         run = replace(base.run, wrappers=wrapper_names(a.wrappers), tensorboard=tensorboard,
@@ -251,10 +246,16 @@ def train_config(a: argparse.Namespace, default_bus: str = "memory"):
                       object_store=ObjectStoreConfig.from_environment(env))
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
-    try:  # the preset's and --env-arg's keyword arguments, before any process starts
+    from actor.envs import EnvKwargsError, check_env_id
+
+    # before any process starts: an env that cannot load (with the preset's and --env-arg's
+    # keyword arguments) fails here, with the fix; made once
+    try:
         check_env_id(cfg.run.env_id, cfg.run.env_kwargs)
-    except ValueError as e:
+    except EnvKwargsError as e:
         raise SystemExit(f"--env-arg: {e}") from None
+    except ValueError as e:
+        raise SystemExit(f"--env: {e}") from None
     return cfg
 
 

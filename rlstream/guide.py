@@ -10,7 +10,8 @@ in one line that ends with the exact command that does the same here."""
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from config.algos import ALGO_DEFAULTS, TRAINABLE
 
@@ -77,16 +78,18 @@ def apply_strategy(strategy: str | None, mode: str | None, rest: list[str], argv
     return want, rest if algo is not None else [*rest, "--algo", default_algo]
 
 
-def check_runs_here(env_id: str, device: str, learners: int | None, mode: str, argv: Sequence[str]) -> None:
+def check_runs_here(env_id: str, device: str, learners: int | None, mode: str, argv: Sequence[str],
+                    env_kwargs: Mapping[str, Any] | None = None) -> None:
     """Refuse (``SystemExit``, one line) a ``train`` that cannot start here: an env that cannot be
     made (an old version: the command with the newest), a CUDA device this machine lacks (the
-    command on CPU, the same number of ranks), several learner ranks in co-located mode."""
+    command on CPU, the same number of ranks), several learner ranks in co-located mode.
+    ``env_kwargs``: the preset's, made as the run will make them (``check_env_id`` remembers it)."""
     from actor.envs import check_env_id, newest_version
 
     problems: list[str] = []
     fixed: list[str] | None = list(argv)
     try:
-        check_env_id(env_id)
+        check_env_id(env_id, env_kwargs)
     except ValueError as e:
         problems.append(str(e))
         module, sep, bare = env_id.rpartition(":")

@@ -178,6 +178,18 @@ def test_a_keyword_the_env_does_not_take_fails_before_anything_starts(tmp_path, 
     with pytest.raises(SystemExit) as e:
         parsed("--env", "Ant-v5", *args, tmp_path=tmp_path)
     assert says in str(e.value) and "Traceback" not in str(e.value)
+    assert str(e.value).startswith("--env-arg")  # the flag to fix, not --env
+
+
+def test_the_entry_point_makes_the_env_once_with_its_kwargs(tmp_path, monkeypatch):
+    import actor.envs as envs
+
+    made = []
+    real = envs.gym.make
+    monkeypatch.setattr(envs, "_loads", set())
+    monkeypatch.setattr(envs.gym, "make", lambda *a, **kw: made.append(kw) or real(*a, **kw))
+    parsed("--env", "Ant-v5", tmp_path=tmp_path)
+    assert made == [NO_CONTACT]  # the check, once, as the run makes it
 
 
 def test_the_summary_and_eval_use_the_runs_env_kwargs(tmp_path):
