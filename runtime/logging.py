@@ -72,6 +72,24 @@ class _ProcessDefaults:
         return event_dict
 
 
+class _Stderr:
+    """Writes to whatever ``sys.stderr`` is at each write, not the one at configuration time.
+
+    A command run in-process under a capture (a test's, a notebook's) configures logging
+    while ``sys.stderr`` is the capture; once that is closed, later lines must still go
+    somewhere open.
+    """
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return _isatty(sys.stderr)
+
+
 def _level_number(level: str | int) -> int:
     if isinstance(level, int):
         return level
@@ -104,14 +122,14 @@ def configure_logging(
         level: minimum level, name or ``logging`` number.
         json: one JSON object per line (services); ``False`` gives the human
             console renderer (co-located CLI).
-        stream: where lines go; ``sys.stderr`` by default.
+        stream: where lines go; by default the current ``sys.stderr`` at each write.
         capture_stdlib: route stdlib ``logging`` records (third-party libraries)
             through the same renderer and context.
 
     Calling it again replaces the configuration (tests do).
     """
     lvl = _level_number(level)
-    out = stream if stream is not None else sys.stderr
+    out: TextIO = stream if stream is not None else _Stderr()  # type: ignore[assignment]
     defaults = _ProcessDefaults(role, run_id)
     shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,

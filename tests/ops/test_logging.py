@@ -142,3 +142,18 @@ def test_bad_level_and_run_id() -> None:
         configure_logging("a", "r", level="loud", stream=io.StringIO())
     rid = new_run_id()
     assert len(rid) == 12 and rid != new_run_id()
+
+
+def test_default_stream_follows_stderr_after_the_one_it_was_made_under_is_closed(monkeypatch) -> None:
+    # an in-process command under a test's capture configures logging; the capture then closes
+    first = io.StringIO()
+    monkeypatch.setattr("sys.stderr", first)
+    configure_logging(role="learner", run_id="r1", json=True)
+    get_logger("rlstream.test").info("under_the_first")
+    logging.getLogger("thirdparty").warning("stdlib_under_the_first")
+    first.close()
+    second = io.StringIO()
+    monkeypatch.setattr("sys.stderr", second)
+    get_logger("rlstream.test").info("under_the_second")  # before: ValueError, I/O on a closed file
+    logging.getLogger("thirdparty").warning("stdlib_under_the_second")
+    assert [e["event"] for e in lines(second)] == ["under_the_second", "stdlib_under_the_second"]
