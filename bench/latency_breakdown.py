@@ -91,8 +91,8 @@ def run(env: str, batch: int, updates: int, snapshot_every: int, algo: str = "pp
     adopted: list[tuple[float, float]] = []  # (perf time at adoption, latency s)
     orig_publish = publish.publish_policy_version
 
-    def publish_timed(events, pv):
-        orig_publish(events, pv)
+    def publish_timed(events, pv, **kw):
+        orig_publish(events, pv, **kw)
         published[pv.version] = time.perf_counter()
 
     import learner.learner as learner_mod
