@@ -50,6 +50,7 @@ import sys
 import time
 import uuid
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import gymnasium as gym
@@ -134,12 +135,16 @@ def load_avg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def train_one(name: str, env_id: str, steps: int, seed: int, out: Path, episodes: int, preset: str = "auto") -> dict:
+def train_one(name: str, env_id: str, steps: int, seed: int, out: Path, episodes: int, preset: str = "auto",
+              env_kwargs: dict | None = None) -> dict:
+    """One co-located run of row ``name``; ``env_kwargs`` as ``--env-arg`` gives them (training and evaluation)."""
     algo, run, overrides = CASES[name]
     run_dir = out / f"{name}-seed{seed}"
     cfg = TrainConfig(algo=algo, env_id=env_id, total_steps=steps, seed=seed, run_dir=run_dir, log_every_s=1e9,
                       snapshot_every=0, metrics_port=-1, algo_overrides=overrides, preset=preset,
                       bus=BusConfig(log_dir=str(run_dir / "log")), **run)
+    if env_kwargs:
+        cfg = replace(cfg, run=replace(cfg.run, env_kwargs={**cfg.run.env_kwargs, **env_kwargs}))
     load0 = load_avg()
     summary, wall = timed(run_colocated, cfg)
     returns = json.loads((run_dir / "curve.json").read_text())["returns"]

@@ -62,8 +62,8 @@ SOURCES = {"cleanrl": "CleanRL ppo_continuous_action.py, Open RL Benchmark tag p
                   "of one tuned run (std over its evaluation episodes)"}
 
 
-def _one(job: tuple[str, str, int, int, str, int, str, dict]) -> dict:
-    algo, env_id, seed, steps, out, episodes, preset, sets = job
+def _one(job: tuple[str, str, int, int, str, int, str, dict, dict]) -> dict:
+    algo, env_id, seed, steps, out, episodes, preset, sets, env_kwargs = job
     import torch
     torch.set_num_threads(1)
     from bench import algorithms
@@ -76,11 +76,13 @@ def _one(job: tuple[str, str, int, int, str, int, str, dict]) -> dict:
 
     path = _result_file(Path(out), algo, env_id, seed)
     load_before, commit = round(os.getloadavg()[0], 2), _commit()  # the tree the run imports
-    result = train_one(algo, env_id, steps, seed, path.parent, episodes, preset=preset)
+    result = train_one(algo, env_id, steps, seed, path.parent, episodes, preset=preset, env_kwargs=env_kwargs)
     result.update(env=env_id, preset=TrainConfig(algo=algo, env_id=env_id, preset=preset).preset_name())
     if sets:
         result["preset"] = f"{result['preset'] or 'cleanrl'}+" + ",".join(f"{k}={v}" for k, v in sets.items())
         result["set"] = sets
+    if env_kwargs:  # another env (a reward or an observation changed): its rows apart from the task's own
+        result["preset"] = f"{result['preset'] or 'cleanrl'}+env:" + ",".join(f"{k}={v}" for k, v in env_kwargs.items())
     learner = path.parent / f"{algo}-seed{seed}" / "learner.summary.json"
     if learner.exists():  # which update path ran (captured or eager), and its compile time
         result["capture"] = json.loads(learner.read_text()).get("capture")
@@ -260,6 +262,9 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="an algorithm field over the preset (a Python literal: --set 'hidden=(256, 256)'); "
                          "the row's preset is named <preset>+KEY=VALUE; use its own --out")
+    ap.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                    help="a gymnasium.make keyword for every task, as `rlstream train --env-arg` (a Python "
+                         "literal: --env-arg contact_cost_weight=0.0); recorded in each run's env_kwargs; use its own --out")
     ap.add_argument("--out", type=Path, default=Path("runs/bench-mujoco"))
     ap.add_argument("--render", action="store_true", help="only rebuild the table and plot from --out")
     ap.add_argument("--name", default=None, help="write <name>.json/.md/.png beside the runs (default: table)")
@@ -273,7 +278,9 @@ def main() -> None:
     if not a.render:
         # seed-major order: every task gets its first seed before any gets its second
         sets = {k: ast.literal_eval(v) for k, _, v in (kv.partition("=") for kv in a.set)}
-        jobs = [(a.algo, e, s, a.steps, str(out), a.eval_episodes, a.preset, sets) for s in a.seeds for e in a.envs
+        env_kwargs = {k: ast.literal_eval(v) for k, _, v in (kv.partition("=") for kv in a.env_arg)}
+        jobs = [(a.algo, e, s, a.steps, str(out), a.eval_episodes, a.preset, sets, env_kwargs)
+                for s in a.seeds for e in a.envs
                 if not _result_file(out, a.algo, e, s).exists()]
         with mp.get_context("spawn").Pool(max(1, a.jobs), maxtasksperchild=1) as pool:
             for r in pool.imap_unordered(_one, jobs):

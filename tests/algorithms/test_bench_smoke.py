@@ -105,6 +105,21 @@ def test_mujoco_table_runs_each_task_with_its_preset_beside_the_published_figure
     assert doc["runs"][0] in both["runs"]
 
 
+def test_mujoco_table_env_arg_reaches_the_env_and_names_the_row(tmp_path):
+    base = [sys.executable, "bench/mujoco_table.py", "--envs", "Walker2d-v5", "--seeds", "0", "--steps", "1024",
+            "--jobs", "1", "--eval-episodes", "1"]
+    subprocess.run([*base, "--env-arg", "forward_reward_weight=0.0", "--out", str(tmp_path / "a")],
+                   cwd=ROOT, check=True, timeout=1200)
+    doc = json.loads((tmp_path / "a" / "table.json").read_text())
+    (run,) = doc["runs"]
+    assert run["env_kwargs"] == {"forward_reward_weight": 0.0}
+    assert doc["rows"][0]["preset"] == "cleanrl+env:forward_reward_weight=0.0"
+    # gymnasium.make gets it: a keyword the env does not take fails the run
+    bad = subprocess.run([*base, "--env-arg", "no_such_keyword=1", "--out", str(tmp_path / "b")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=1200)
+    assert bad.returncode != 0 and "no_such_keyword" in bad.stderr
+
+
 @pytest.mark.kafka
 def test_guide_runs_bench_sets_decoupled_agro_beside_colocated_ppo(tmp_path, kafka_bootstrap):
     subprocess.run([sys.executable, "bench/guide_runs.py", "--env", "Ant-v5", "--steps", "4096", "--seeds", "0",
