@@ -167,7 +167,11 @@ class Learner:
             self.schedule = SnapshotSchedule(self.config.snapshot_every, self.config.snapshot_interval_s, self.clock,
                                              None if newest is None else newest / 1000)
         if publish:
-            self._publish(parent=self.model_version if self.model_version >= 0 else None)
+            try:
+                self._publish(parent=self.model_version if self.model_version >= 0 else None)
+            except WriterFencedError:
+                self.fenced = True
+                raise
         # from the newest version of this policy (its own, just published): every later one,
         # in log order, older ones too (a bad one is dead-lettered whether adopted or not)
         self._versions = PolicyFollower(self.events, self.config.policy_id, StartRule.newest(),
@@ -275,6 +279,16 @@ class Learner:
         return True
 
     def step(self, timeout: float = 0.1) -> dict[str, float] | None:
+        """Poll, and train once enough is buffered (the update's metrics, else None). Raises
+        ``WriterFencedError`` once a newer learner of this identity took over; ``fenced`` is
+        set then, and from then on this learner writes nothing, not even a snapshot."""
+        try:
+            return self._step(timeout)
+        except WriterFencedError:
+            self.fenced = True
+            raise
+
+    def _step(self, timeout: float) -> dict[str, float] | None:
         if self._snapshot_due:
             self.snapshot()
         if self._versions is not None and self.ranks.follows_foreign_versions:
@@ -366,15 +380,13 @@ class Learner:
             self._release(f)
         self._offsets = self.consumer.ledger.offsets()
         t_pub = time.perf_counter()
-        try:  # the version and its step: one flush (on Kafka one transaction, both or neither)
-            self._publish_version(upd.to_version, parent=upd.from_version, metrics=upd.metrics, flush=False)
-            if self.ranks.publisher:
-                self.events.publish(LEARNER_STEPS, upd.step(now_ms()), key=self.config.learner_id)
-            self.events.flush()  # (with the dead letters written since the last one)
-            self._dead_letters_flushed = self._dead_letters_written()
-        except WriterFencedError:
-            self.fenced = True  # a newer learner of this identity runs: nothing more of ours is written
-            raise
+        # the version and its step: one flush (on Kafka one transaction, both or neither); fenced
+        # (a newer learner of this identity runs): ``step`` marks it, and nothing more of ours is written
+        self._publish_version(upd.to_version, parent=upd.from_version, metrics=upd.metrics, flush=False)
+        if self.ranks.publisher:
+            self.events.publish(LEARNER_STEPS, upd.step(now_ms()), key=self.config.learner_id)
+        self.events.flush()  # (with the dead letters written since the last one)
+        self._dead_letters_flushed = self._dead_letters_written()
         self.core.timing.add("publish", time.perf_counter() - t_pub)
         self.consumer.commit(offsets=self._offsets)
         if self.schedule is not None:
@@ -427,6 +439,9 @@ class Learner:
         """Save the state; with ranks, a collective: rank 0 saves every rank's offsets and ids.
         ``timed``: a time-based snapshot (kept by the store's ``keep_timed``); None: whatever
         the schedule made due (an update-based one if nothing was)."""
+        if self.fenced:  # the store is the newer learner's now: ours would overwrite its snapshots
+            self._snapshot_due = self._snapshot_timed = False
+            return
         if timed is None:
             timed = self._snapshot_due and self._snapshot_timed
         self._snapshot_due = self._snapshot_timed = False

@@ -404,7 +404,7 @@ def add_learner(proc: RoleProcess, cfg: TrainConfig, events: EventBus, metrics: 
 
     def close() -> None:
         if proc.ran and learner.snapshots is not None and learner.stats.updates and not learner.ranks.broken:
-            learner.snapshot()  # (a lost peer: the last snapshot stands)
+            learner.snapshot()  # (a lost peer: the last snapshot stands; a fenced learner's does nothing)
         learner.close()
         if parallel is not None:
             from learner import distributed
