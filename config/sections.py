@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Annotated, Any, Callable, TypeVar
+from typing import Annotated, Any, Callable, Literal, TypeVar
 
 import tyro
 
@@ -158,6 +158,13 @@ class LearnerSection:
     lag is under half of it; None: the staleness window K of the run's stream processors (data
     past it is dropped or down-weighted anyway, so training further ahead only wastes the
     actors' work), off under ``actor.actor_lag_versions`` (stale on purpose); 0: off."""
+    on_fenced: Literal["exit", "wait"] = "exit"
+    """What a learner does once a newer learner of its run and rank has fenced it (Kafka;
+    either way it writes nothing more, no snapshot either): ``exit`` with status 4
+    (``EXIT_FENCED``, which the local supervisor does not restart), or ``wait`` for SIGTERM
+    or SIGINT, then exit 4, alive (``/healthz``) but not ready (``/readyz``: fenced), so
+    that an orchestrator which restarts every exit (Kubernetes, docker compose) does not
+    restart it into fencing the newer one in turn (docs/deploy.md)."""
 
 
 @dataclass(frozen=True)
@@ -220,7 +227,7 @@ SECTIONS: dict[str, type] = {"run": RunSection, "actor": ActorSection, "learner"
 UNPREFIXED = ("run",)
 
 #: Section fields added after the flat layout: they have no flat name.
-SECTION_ONLY = ("env_kwargs",)
+SECTION_ONLY = ("env_kwargs", "on_fenced")
 #: The old flat ``TrainConfig`` field -> (its section, its field there).
 FLAT: dict[str, tuple[str, str]] = {
     f.name: (section, f.name) for section, cls in SECTIONS.items() if section != "replay" for f in fields(cls)

@@ -101,6 +101,8 @@ AT_LEAST: dict[str, float] = {
 }
 #: Fields that must be above zero.
 ABOVE_ZERO: tuple[str, ...] = ("replay_samples_per_insert",)
+#: What a fenced learner does (``--learner.on-fenced``): exit 4, or wait for SIGTERM, then exit 4.
+ON_FENCED = ("exit", "wait")
 #: The modes a run is trained in (``rlstream train --mode``; the roles of a decoupled run are decoupled).
 MODES = ("colocated", "decoupled")
 
@@ -177,6 +179,8 @@ class TrainConfig:
                 actor = replace(actor, **{name: getattr(d, name)})
         if actor.fragment_steps is None and d.fragment_steps is not None:
             actor = replace(actor, fragment_steps=d.fragment_steps)
+        if learner.on_fenced not in ON_FENCED:
+            raise ValueError(f"--learner.on-fenced must be one of {', '.join(ON_FENCED)}, got {learner.on_fenced!r}")
         if self.replay.enabled and d.on_policy:
             off = ", ".join(name for name, row in ALGO_DEFAULTS.items() if row.online and not row.on_policy)
             raise ValueError(f"--replay.enabled needs an off-policy algorithm ({off}), not {run.algo!r}")
@@ -307,6 +311,8 @@ class TrainConfig:
             _check_fields(PrepareConfig, streams)
         # a file written before env kwargs could be given: its run made the env with none
         d["run"] = {"env_kwargs": {}, **d["run"]}
+        # ... or before a fenced learner could wait: it exited
+        d["learner"] = {"on_fenced": "exit", **d["learner"]}
         sections = {}
         for name, section in SECTIONS.items():
             values = dict(d.pop(name))

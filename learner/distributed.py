@@ -31,6 +31,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from config.env import RankEnv
 from learner.ranks import Agreement
+from streams.bus.base import EXIT_FENCED
 
 COMPRESSION = ("none", "fp16", "bf16")
 #: Seconds a collective waits for a peer before the rank gives up (a peer that died).
@@ -325,7 +326,9 @@ def free_port() -> int:
 def launch_ranks(argv: list[str], world: int, env: dict[str, str], grace_s: float = 30.0) -> int:
     """Start ``world`` copies of ``argv`` as ranks (torchrun's variables) with environment ``env``
     (``config.Environment.child()``) and wait for them. When one exits non-zero the others are
-    told to stop (SIGTERM, then SIGKILL after ``grace_s``); the first non-zero exit code is returned."""
+    told to stop (SIGTERM, then SIGKILL after ``grace_s``); the first non-zero exit code is returned,
+    but ``EXIT_FENCED`` where any rank was fenced (its peers, which lost it, exit ``EXIT_PEER_LOST``
+    first): a newer learner took over, and the caller must not start the ranks again."""
     base = dict(env)
     base.setdefault("MASTER_ADDR", "127.0.0.1")
     base.setdefault("MASTER_PORT", str(free_port()))
@@ -357,4 +360,6 @@ def launch_ranks(argv: list[str], world: int, env: dict[str, str], grace_s: floa
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+    if any(p.returncode == EXIT_FENCED for p in procs):
+        return EXIT_FENCED
     return first_bad or next((p.returncode for p in procs if p.returncode), 0)

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import sys
+import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -326,7 +327,7 @@ def cmd_role(a: argparse.Namespace) -> int:
     from runtime.metrics import Metrics
 
     from learner import distributed
-    from streams.bus.base import WriterFencedError
+    from streams.bus.base import EXIT_FENCED, WriterFencedError
 
     env: Environment = a.env
     config = a.config or env.config_path
@@ -352,6 +353,17 @@ def cmd_role(a: argparse.Namespace) -> int:
     if world > 1 and not ranks.launched:  # the launcher: one process per rank
         same = ["--run-id", cfg.effective_run_id(), "--run-dir", str(cfg.run.run_dir)]  # one run for every rank
         code = distributed.launch_ranks(["-m", "rlstream.cli", *a.argv, *same], world, env.child())
+        if code == EXIT_FENCED and cfg.learner.on_fenced == "wait":  # the launcher waits in the ranks' place
+            configure_logging(role=role, run_id=cfg.effective_run_id(), level=a.log_level, json=a.log_json)
+            metrics = Metrics(role=role)
+            server, health = _serve_metrics(metrics, cfg.run.metrics_port, role, env)
+            try:
+                why = "a rank of this learner was fenced by a newer learner of its run (its learner_fenced line)"
+                return _fenced(why, "wait", log=get_logger(f"rlstream.{role}"), metrics=metrics, health=health,
+                               stop=stop_on_signals())
+            finally:
+                if server is not None:
+                    server.stop()
         return code if code >= 0 else 1
     rank = ranks.rank
     configure_logging(role=role, run_id=cfg.effective_run_id(), level=a.log_level, json=a.log_json)
@@ -359,26 +371,56 @@ def cmd_role(a: argparse.Namespace) -> int:
     stop = stop_on_signals()
     metrics = Metrics(role=role)
     server, health = _serve_metrics(metrics, cfg.run.metrics_port if rank == 0 else -1, role, env)
+    fenced: str | None = None
     try:
-        if role == "actor":
-            summary = processes.run_actor(cfg, a.index, log=log, stop=stop, metrics=metrics, health=health,
-                                          host=env.hostname)
-        else:
-            summary = processes.run_learner(cfg, log=log, stop=stop, metrics=metrics, health=health, rank=ranks)
-    except distributed.PeerLost as e:
-        log.error("peer_lost", error=str(e), note="the group stops; a restart resumes from its last snapshot")
-        return distributed.EXIT_PEER_LOST
-    except WriterFencedError as e:
-        from streams.bus.base import EXIT_FENCED
-
-        log.error("learner_fenced", error=str(e), exit_code=EXIT_FENCED,
-                  note="another learner of this run and rank has taken over; this one stops and is not restarted")
-        return EXIT_FENCED
+        try:
+            if role == "actor":
+                summary = processes.run_actor(cfg, a.index, log=log, stop=stop, metrics=metrics, health=health,
+                                              host=env.hostname)
+            else:
+                summary = processes.run_learner(cfg, log=log, stop=stop, metrics=metrics, health=health, rank=ranks)
+        except distributed.PeerLost as e:
+            log.error("peer_lost", error=str(e), note="the group stops; a restart resumes from its last snapshot")
+            return distributed.EXIT_PEER_LOST
+        except WriterFencedError as e:
+            fenced = str(e)  # (handled outside the handler: the traceback, and the learner it holds, go now)
+        if fenced is not None:
+            return _fenced(fenced, cfg.learner.on_fenced, log=log, metrics=metrics, health=health, stop=stop)
     finally:
         if server is not None:
             server.stop()
     print(json.dumps({"summary" if rank == 0 else "rank_summary": summary}))
     return 0
+
+
+def _fenced(error: str, on_fenced: str, *, log, metrics, health, stop) -> int:
+    """A learner that a newer one of its run and rank has fenced (``WriterFencedError``): it has
+    stopped writing and took no snapshot (the store is the newer one's). ``rlstream_learner_fenced``
+    is 1 and one ``learner_fenced`` line says so; then it exits ``EXIT_FENCED`` at once (``exit``),
+    or (``wait``) stays up until SIGTERM or SIGINT, alive on ``/healthz`` (its loop's heartbeat is
+    dropped: the loop ended on purpose) and not ready on ``/readyz`` (check ``fenced``), and exits
+    ``EXIT_FENCED`` then: the status says what happened to it, also to a supervisor that reads it
+    later. An orchestrator that restarts every exit (Kubernetes, docker compose) so never restarts
+    it into fencing the newer learner in turn (ping-pong)."""
+    from streams.bus.base import EXIT_FENCED
+
+    metrics.set_learner_fenced(True)
+    if on_fenced != "wait":
+        log.error("learner_fenced", error=error, exit_code=EXIT_FENCED, on_fenced=on_fenced,
+                  note="another learner of this run and rank has taken over; this one stops (the local supervisor "
+                       "does not restart exit 4; where every exit is restarted, use --learner.on-fenced wait)")
+        return EXIT_FENCED
+    since = time.monotonic()
+    health.forget_heartbeat("loop")
+    health.register("fenced", lambda: (False, {"reason": "fenced", "fenced_for_s": round(time.monotonic() - since, 1)}))
+    log.error("learner_fenced", error=error, exit_code=EXIT_FENCED, on_fenced=on_fenced,
+              note="another learner of this run and rank has taken over; this one writes nothing more and waits for "
+                   "SIGTERM, alive but not ready, so that no restart of it fences the newer one (remove it: its pod, "
+                   "its container)")
+    while not stop.wait(1.0):
+        pass
+    log.info("learner_fenced_stopped", exit_code=EXIT_FENCED, fenced_for_s=round(time.monotonic() - since, 1))
+    return EXIT_FENCED
 
 
 def _refused(message: str, command: str) -> int:

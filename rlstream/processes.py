@@ -84,6 +84,7 @@ def run_learner(cfg: TrainConfig, log: Any = None, stop: threading.Event | None 
     wiring.set_threads(cfg)
     stop = stop or threading.Event()
     metrics = metrics or Metrics(role="learner")
+    metrics.set_learner_fenced(False)  # (rlstream.cli: 1 once a newer learner of this run and rank fenced it)
     cfg = wiring.rank_config(cfg, rank)
     check_redis(cfg.snapshot_url(), cfg.deploy.redis_url, unreachable_ok=True)  # a wrong password: one line, exit 2
     # the learner's writes are transactions of its identity (group, policy, rank): a restarted

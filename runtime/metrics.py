@@ -50,6 +50,7 @@ rlstream_learner_steps_total               counter
 rlstream_policy_version                    gauge
 rlstream_circuit_breaker_state             gauge
 rlstream_circuit_breaker_trips_total       counter
+rlstream_learner_fenced                    gauge
 rlstream_snapshot_failures_total           counter    error
 rlstream_produce_errors_total              counter    code
 rlstream_actor_backoffs_total              counter
@@ -255,6 +256,10 @@ class Metrics:
         if int(state) not in (BREAKER_CLOSED, BREAKER_OPEN, BREAKER_HALF_OPEN):
             raise ValueError(f"unknown circuit breaker state {state!r}")
         self._s.breaker_state.labels(role=self.role).set(int(state))
+
+    def set_learner_fenced(self, fenced: bool) -> None:
+        """1 once a newer learner of this one's run and rank has fenced it (``WriterFencedError``)."""
+        self._s.learner_fenced.labels(role=self.role).set(1 if fenced else 0)
 
     def count_snapshot_failure(self, error: str) -> None:
         """A snapshot save failed with ``error`` (the error's class name)."""

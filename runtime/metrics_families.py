@@ -92,6 +92,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "rlstream_policy_version",
     "rlstream_circuit_breaker_state",
     "rlstream_circuit_breaker_trips_total",
+    "rlstream_learner_fenced",
     "rlstream_snapshot_failures_total",
     "rlstream_produce_errors_total",
     "rlstream_actor_backoffs_total",
@@ -305,6 +306,12 @@ class _Shared:
         self.breaker_trips = Counter(
             "circuit_breaker_trips",
             "Times a learner circuit breaker (backlog or policy lag) opened.",
+            R, namespace=NAMESPACE, registry=r,
+        )
+        self.learner_fenced = Gauge(
+            "learner_fenced",
+            "1 once a newer learner of this run and rank has fenced this one: it writes nothing more, and "
+            "with --learner.on-fenced wait it stays up, not ready, until SIGTERM; 0 while it may write.",
             R, namespace=NAMESPACE, registry=r,
         )
         self.snapshot_failures = Counter(

@@ -59,7 +59,7 @@ def every_field_set(tmp_path: Path, bootstrap: str) -> TrainConfig:
         "learner": dict(train_batch_size=64, snapshot_store=str(tmp_path / "snaps"), snapshot_every=3,
                         snapshot_interval_s=3600.0, snapshot_keep_timed=3, compile_update=False, device="cpu:0",
                         breaker_open_above=100.0, breaker_close_below=10.0, breaker_policy_lag_versions=6,
-                        learners=2, grad_compression="bf16", dynamic_batch=True),
+                        learners=2, grad_compression="bf16", dynamic_batch=True, on_fenced="wait"),
         "replay": dict(enabled=True, capacity=512, samples_per_insert=1.5, max_reuse=3, min_size=64),
         "deploy": dict(torch_threads=2, stream_workers=2, max_restarts=1, liveness_probes=False,
                        claim_check_above=2 << 20, redis_url=os.environ.get("REDIS_URL", "redis://127.0.0.1:1/0"),
