@@ -234,8 +234,8 @@ class Rig:
         self.roles.append(role)
         return role
 
-    def learner(self, resume: bool = False) -> Role:
-        return self._spawn("learner", self._cmd("learner", *(["--resume"] if resume else [])))
+    def learner(self, resume: bool = False, *extra: str) -> Role:
+        return self._spawn("learner", self._cmd("learner", *(["--resume"] if resume else []), *extra))
 
     def actor(self, index: int = 0, *extra: str) -> Role:
         return self._spawn(f"actor-{index}", self._cmd("actor", "--index", str(index), *extra))
