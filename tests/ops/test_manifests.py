@@ -438,3 +438,41 @@ def test_learner_ranks_statefulset_validates_and_agrees_with_the_learner() -> No
     assert {e["name"] for e in lc["env"] if "configMapKeyRef" in e.get("valueFrom", {})} == \
         {e["name"] for e in c["env"] if "configMapKeyRef" in e.get("valueFrom", {})}
     assert "--resume" in c["command"] and role_of(c["command"]) == "learner"
+
+
+# -- a fenced learner waits where every exit is restarted ------------------------------------------
+
+def learner_commands() -> dict[str, list[str]]:
+    """Every learner command of the manifests, by where it is: Kubernetes (a Deployment and the
+    StatefulSet of ranks) and docker compose (the file, its GPU override, the host's variant)."""
+    out = {}
+    for path in (K8S / "learner.yaml", K8S / "ranks" / "learner-ranks.yaml"):
+        (workload,) = [d for d in load_yaml_docs(path) if d["kind"] in ("Deployment", "StatefulSet")]
+        (c,) = workload["spec"]["template"]["spec"]["containers"]
+        out[str(path.relative_to(COMPOSE))] = c["command"]
+    for name in ("docker-compose.yml", "docker-compose.gpu.yml", "docker-compose.host.yml"):
+        cmd = yaml.safe_load((COMPOSE / name).read_text())["services"]["learner"]["command"]
+        if cmd[:2] == ["sh", "-c"]:  # exec rlstream learner ... $$RLSTREAM_ROLE_ARGS
+            cmd = [a for a in cmd[2].replace("exec ", "", 1).split() if not a.startswith("$")]
+        out[name] = cmd
+    return out
+
+
+def test_every_learner_waits_when_fenced() -> None:
+    """Kubernetes restarts every container that exits (a Deployment allows no other
+    restartPolicy), and so does docker compose's ``restart: unless-stopped``/``on-failure`` for
+    exit 4: a fenced learner that exited would be restarted and fence the newer learner in turn
+    (ping-pong). Every manifest's learner runs ``--learner.on-fenced wait``, as the real CLI reads it."""
+    from rlstream.cli import build_parser
+
+    cmds = learner_commands()
+    assert len(cmds) == 5
+    for where, cmd in cmds.items():
+        assert role_of(cmd) == "learner", where
+        argv = [re.sub(r"\$\([A-Z_]+\)", "0", a) for a in cmd[1:]]
+        assert build_parser().parse_args(argv).train.learner.on_fenced == "wait", f"{where}: {cmd}"
+    for path in (K8S / "learner.yaml", K8S / "ranks" / "learner-ranks.yaml"):
+        (workload,) = [d for d in load_yaml_docs(path) if d["kind"] in ("Deployment", "StatefulSet")]
+        assert workload["spec"]["template"]["spec"].get("restartPolicy", "Always") == "Always", path
+        assert "--learner.on-fenced wait" in path.read_text().split("apiVersion")[0].replace("\n#", ""), \
+            f"{path.name}'s header does not say why it waits when fenced"
