@@ -156,6 +156,38 @@ def test_agro_normalises_stale_advantages_by_the_uncorrected_spread():
     assert m["baseline"] == pytest.approx(sum(adv) / 4 / std, rel=1e-4)
 
 
+def first_gradient(algo, batch) -> dict[str, torch.Tensor]:
+    """The gradient of ``algo``'s first minibatch step on ``batch`` (the step itself is skipped)."""
+    grads: dict[str, torch.Tensor] = {}
+
+    def record() -> None:
+        if not grads:
+            grads.update({n: p.grad.detach().clone() for n, p in algo.policy.named_parameters() if p.grad is not None})
+
+    algo.optimizer.step = record
+    algo.update(batch)
+    return grads
+
+
+def test_agro_on_fresh_data_takes_ppos_first_gradient():
+    """On fresh data (mu = pi, rho = c = 1, reference = policy) AGRO's first step is PPO's: V-trace
+    is GAE, the regulariser and its share of the baseline are 0, so the baseline is the mean
+    advantage and the policy term is PPO's normalised advantage times grad log pi; the value loss
+    is PPO's (its clip is inactive at the first step). Only the std convention differs (AGRO's
+    population std, PPO's n - 1): the policy's gradient is PPO's times sqrt(n / (n - 1))."""
+    shared = dict(gamma=GAMMA, gae_lambda=LAM, max_grad_norm=0.0, **ONE_STEP)
+    ppo, agro = PPO(PPOConfig(**shared), OBS, ACT), AGRO(AGROConfig(**shared), OBS, ACT)
+    agro.policy.load_state_dict(ppo.policy.state_dict())
+    batch = four_step_batch(ppo.policy)  # fresh: behaviour log-probs are the policy's own
+    g_ppo, g_agro = first_gradient(ppo, batch), first_gradient(agro, batch)
+    n = batch.obs.shape[0]
+    assert set(g_ppo) == set(g_agro) and any("critic" in k for k in g_ppo)
+    for name, g in g_ppo.items():
+        scale = 1.0 if "critic" in name else math.sqrt(n / (n - 1))
+        assert float(g.abs().max()) > 0, name
+        torch.testing.assert_close(g_agro[name], g * scale, rtol=1e-4, atol=1e-6, msg=name)
+
+
 # ---- GRPO / DAPO: clips, mask and KL ----------------------------------------------------------------
 
 def group_batch(policy, ratio_pos: float, ratio_neg: float, tie: bool = False) -> TrajectoryBatch:
