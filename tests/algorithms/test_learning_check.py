@@ -21,20 +21,22 @@ REFERENCE = {
 }
 
 
-def write_runs(tmp_path: Path, returns: list[float], steps: int = 151_552, env: str = "HalfCheetah-v5") -> list[Path]:
+def write_runs(tmp_path: Path, returns: list[float], steps: int = 151_552, env: str = "HalfCheetah-v5",
+               **summary) -> list[Path]:
     dirs = []
     for i, r in enumerate(returns, 1):
         d = tmp_path / f"seed{i}"
         d.mkdir()
-        (d / "summary.json").write_text(json.dumps({"algo": "ppo", "env": env, "steps": steps, "return_mean20": r}))
+        (d / "summary.json").write_text(json.dumps({"algo": "ppo", "env": env, "steps": steps, "return_mean20": r,
+                                                    **summary}))
         dirs.append(d)
     return dirs
 
 
-def check(tmp_path: Path, returns: list[float], **kw) -> tuple[int, dict | str]:
+def check(tmp_path: Path, returns: list[float], *args: str, reference: dict = REFERENCE, **kw) -> tuple[int, dict | str]:
     ref = tmp_path / "reference.json"
-    ref.write_text(json.dumps(REFERENCE))
-    p = subprocess.run([sys.executable, str(SCRIPT), "--steps", "150000", "--reference", str(ref),
+    ref.write_text(json.dumps(reference))
+    p = subprocess.run([sys.executable, str(SCRIPT), "--steps", "150000", "--reference", str(ref), *args,
                         "--runs", *map(str, write_runs(tmp_path, returns, **kw))],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     return p.returncode, (json.loads(p.stdout) if p.stdout.strip() else p.stderr)
@@ -71,3 +73,33 @@ def test_runs_of_another_budget_or_env_are_refused(tmp_path):
     assert rc != 0 and "not a budget of --steps 150000" in err
     rc, err = check(tmp_path / "b", [1000.0] * 3, env="Hopper-v5")
     assert rc != 0 and "Hopper-v5" in err
+
+
+def test_each_preset_is_judged_against_its_own_reference(tmp_path):
+    for d in "abcd":
+        (tmp_path / d).mkdir()
+    zoo = {"preset": "zoo", "env_kwargs": {}}  # what HalfCheetah's default (auto) records in its summary
+    # runs of the task's default preset are not the reference's (--preset none) runs
+    rc, err = check(tmp_path / "a", [1000.0] * 3, **zoo)
+    assert rc != 0 and "--preset none applies" in err
+    # judged as --preset auto, they need a reference recorded for auto
+    rc, err = check(tmp_path / "b", [1000.0] * 3, "--preset", "auto", **zoo)
+    assert rc != 0 and "the reference is for preset='none'" in err
+    auto = {**REFERENCE, "reference": {**REFERENCE["reference"], "preset": "auto"}}
+    rc, doc = check(tmp_path / "c", [1000.0] * 3, "--preset", "auto", reference=auto, **zoo)
+    assert rc == 0 and doc["pass"] is True and doc["preset"] == "auto"
+    # a run whose observation differs from what the preset applies is refused (Ant: contact forces)
+    rc, err = check(tmp_path / "d", [1000.0] * 3, "--preset", "auto", reference=auto,
+                    preset="zoo", env_kwargs={"include_cfrc_ext_in_observation": True})
+    assert rc != 0 and "include_cfrc_ext_in_observation" in err
+
+
+def test_a_preset_has_its_own_reference_file():
+    sys.path.insert(0, str(ROOT))
+    from bench.learning_check import reference_path, what_runs
+
+    assert reference_path("ppo", "Ant-v5").name == "learning_check_ppo_ant_v5.json"
+    assert reference_path("ppo", "Ant-v5", "auto").name == "learning_check_ppo_ant_v5_auto.json"
+    assert what_runs("ppo", "Ant-v5", "auto")["env_kwargs"] == {"include_cfrc_ext_in_observation": False}
+    assert what_runs("ppo", "Ant-v5", "none") == {"preset": None, "env_kwargs": {}}
+
