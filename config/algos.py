@@ -174,6 +174,16 @@ ENV_PRESETS: dict[tuple[str, str], dict[str, EnvPreset]] = {
         "cleanrl": _CLEANRL,
         "zoo": _zoo(2048, 64, anneal_lr=False, clip_vloss=False),
     },
+    # AGRO's own row (4 epochs of 8 minibatches, lambda 1, beta 1) moves the policy a fifth as far
+    # per update as PPO (KL to the collecting policy ~0.002 against ~0.011): Ant does not learn in 1M
+    # steps (eval 37). PPO's update count and lambda with beta 1 overshoot: the squared log-ratio
+    # term lets each update go further as the action std shrinks (KL per update 0.013 at the start,
+    # 0.10 by 300k steps, where PPO's clip holds ~0.011): eval 15 at 1M. beta 2 slows that growth:
+    # eval 681 (train 503) on seed 0 at 1M; beta 5 was as slow as the own row (docs/algorithms.md).
+    ("agro", "Ant"): {
+        "rlstream": EnvPreset("measured here on Ant-v5 at 1M steps (docs/algorithms.md)",
+                              algo={"update_epochs": 10, "num_minibatches": 32, "gae_lambda": 0.95, "beta": 2.0}),
+    },
 }
 
 #: ``gymnasium.make`` keyword arguments of a task family, for every algorithm unless ``--preset
@@ -188,7 +198,7 @@ TASK_ENV_KWARGS: dict[str, dict[str, Any]] = {
 
 #: ``--preset`` values: ``auto`` (the env's default preset, else none), ``none`` (the algorithm's
 #: row only), or a preset name.
-PRESET_CHOICES: tuple[str, ...] = ("auto", "none", "cleanrl", "zoo")
+PRESET_CHOICES: tuple[str, ...] = ("auto", "none", "cleanrl", "zoo", "rlstream")
 
 
 def env_family(env_id: str) -> str:

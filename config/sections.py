@@ -34,7 +34,7 @@ class RunSection:
     """Gymnasium env id (``module:EnvId-v0`` imports the module first)."""
     preset: str = "auto"
     """Per-environment settings over the algorithm's row (``config.algos.ENV_PRESETS``): auto (the
-    env's default preset, if the table has one), none, or a preset name (cleanrl, zoo). Flags and
+    env's default preset, if the table has one), none, or a preset name (cleanrl, zoo, rlstream). Flags and
     ``--set`` win over it."""
     total_steps: Annotated[int, tyro.conf.arg(aliases=("--total-timesteps",))] = 100_000
     """Environment steps to train for (summed over envs and actors)."""

@@ -66,6 +66,19 @@ def test_ant_defaults_to_cleanrl_and_takes_the_zoo_row_when_asked(tmp_path):
     assert not zoo.anneal_lr and not zoo.clip_vloss and zoo.num_minibatches == 32
 
 
+def test_agro_on_ant_defaults_to_its_measured_row_with_no_flag(tmp_path):
+    # AGRO's own row does not learn Ant in 1M steps; its Ant row (PPO's update count and lambda,
+    # beta 2) does (docs/algorithms.md). --preset none keeps AGRO's row (and v5's contact forces).
+    cfg = parsed("--env", "Ant-v5", "--algo", "agro", tmp_path=tmp_path / "a")
+    assert cfg.preset_name() == "rlstream" and cfg.train_batch_size == 2048
+    algo_cfg = build_algo(cfg, 105, 8).config
+    assert (algo_cfg.update_epochs, algo_cfg.num_minibatches, algo_cfg.gae_lambda, algo_cfg.beta) == (10, 32, 0.95, 2.0)
+    own = build_algo(parsed("--env", "Ant-v5", "--algo", "agro", "--preset", "none", tmp_path=tmp_path / "b"), 105, 8)
+    assert (own.config.update_epochs, own.config.num_minibatches, own.config.beta) == (4, 8, 1.0)
+    with pytest.raises(ValueError, match="no preset 'zoo' for agro on Ant"):
+        TrainConfig(algo="agro", env_id="Ant-v5", preset="zoo")
+
+
 def test_hopper_defaults_to_cleanrl_and_takes_the_zoo_row_when_asked(tmp_path):
     default = parsed("--env", "Hopper-v5", tmp_path=tmp_path / "a")
     assert default.preset_name() == "cleanrl" and default.algo_overrides == {} and default.train_batch_size == 2048
@@ -205,7 +218,8 @@ def test_the_summary_and_eval_use_the_runs_env_kwargs(tmp_path):
 
 
 def test_the_tasks_env_kwargs_hold_for_every_algorithm_but_not_under_preset_none():
-    agro = TrainConfig(algo="agro", env_id="Ant-v5")  # AGRO has no Ant preset: the task's kwargs still hold
-    assert agro.preset_name() is None and agro.run.env_kwargs == NO_CONTACT
+    tba = TrainConfig(algo="tba", env_id="Ant-v5")  # TBA has no Ant preset: the task's kwargs still hold
+    assert tba.preset_name() is None and tba.run.env_kwargs == NO_CONTACT
+    assert TrainConfig(algo="agro", env_id="Ant-v5").run.env_kwargs == NO_CONTACT  # beside AGRO's Ant preset
     assert TrainConfig(algo="agro", env_id="Ant-v5", preset="none").run.env_kwargs == {}
     assert TrainConfig(env_id="Hopper-v5").run.env_kwargs == {}
