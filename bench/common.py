@@ -136,6 +136,16 @@ def save_figure(fig, path: Path, **savefig: Any) -> None:
     pyplot().close(fig)
 
 
+def stop_resource_tracker() -> None:
+    """Stop multiprocessing's resource tracker, if this script started one (a spawn pool does),
+    and wait for it: left to itself it ends a moment after the script, an orphan by then."""
+    from multiprocessing import resource_tracker
+
+    stop = getattr(resource_tracker._resource_tracker, "_stop", None)  # CPython 3.8+
+    if stop is not None:
+        stop()
+
+
 def write_json(path: Path, doc: Any) -> None:
     """A result file: ``doc`` as indented JSON, one trailing newline."""
     path.write_text(json.dumps(doc, indent=2) + "\n")

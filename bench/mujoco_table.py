@@ -49,7 +49,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import mean_std, pyplot, running_mean, save_figure, write_json  # noqa: E402
+from bench.common import (  # noqa: E402
+    mean_std, pyplot, running_mean, save_figure, stop_resource_tracker, write_json)
 
 #: task family -> (mean, std) of the published PPO figure at 1M steps; None: not published.
 CLEANRL_PPO = {"HalfCheetah": (1442.64, 46.03), "Hopper": (2382.86, 271.74), "Walker2d": (2287.95, 571.78),
@@ -286,6 +287,7 @@ def main() -> None:
             for r in pool.imap_unordered(_one, jobs):
                 print(json.dumps({"env": r["env"], "seed": r["seed"], "eval": round(r["eval"], 1),
                                   "wall_s": r["wall_s"]}), flush=True)
+        stop_resource_tracker()
     runs = collect(out)
     rows, md = render(runs, a.steps)
     name = a.name or "table"

@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.common
 
-from bench.common import binned_mean, pyplot, save_figure  # noqa: E402
+from bench.common import binned_mean, pyplot, save_figure, stop_resource_tracker  # noqa: E402
 from config import BusConfig, TrainConfig  # noqa: E402
 from rlstream.colocated import run_colocated  # noqa: E402
 
@@ -149,6 +149,7 @@ def main() -> None:
         for r in pool.map(one, [args] * len(todo), *zip(*todo)):
             print(json.dumps({k: v for k, v in r.items() if k not in ("curve", "timeline")}), flush=True)
             runs.append(r)
+    stop_resource_tracker()
     arms = {}
     for arm in ("off", "on"):
         rs = [r for r in runs if r["replay"] == (arm == "on")]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -105,11 +107,24 @@ def test_mujoco_table_runs_each_task_with_its_preset_beside_the_published_figure
     assert doc["runs"][0] in both["runs"]
 
 
+def group_members(pgid: int) -> list[str]:
+    """Command lines of the running processes in process group ``pgid``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if os.getpgid(int(pid)) == pgid:
+                found.append(Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " "))
+    return found
+
+
 def test_mujoco_table_env_arg_reaches_the_env_and_names_the_row(tmp_path):
     base = [sys.executable, "bench/mujoco_table.py", "--envs", "Walker2d-v5", "--seeds", "0", "--steps", "1024",
             "--jobs", "1", "--eval-episodes", "1"]
-    subprocess.run([*base, "--env-arg", "forward_reward_weight=0.0", "--out", str(tmp_path / "a")],
-                   cwd=ROOT, check=True, timeout=1200)
+    p = subprocess.Popen([*base, "--env-arg", "forward_reward_weight=0.0", "--out", str(tmp_path / "a")],
+                         cwd=ROOT, start_new_session=True)
+    assert p.wait(timeout=1200) == 0
+    # it waited for its pool's resource tracker: nothing of its process group outlives it
+    assert group_members(p.pid) == []
     doc = json.loads((tmp_path / "a" / "table.json").read_text())
     (run,) = doc["runs"]
     assert run["env_kwargs"] == {"forward_reward_weight": 0.0}
